@@ -1,0 +1,38 @@
+"""spool: a crash-only, log-structured mail spool.
+
+The public API is what this module exports; everything else is internal. See README.md
+for an embedding example and docs/ for the design, the format and the fault model.
+"""
+
+from spool.errors import (
+    BadSpoolDirectory,
+    CorruptSpool,
+    DiskFull,
+    InvalidAddress,
+    InvalidMessage,
+    MessageTooLarge,
+    SpoolClosed,
+    SpoolError,
+    SpoolFailed,
+    SpoolLocked,
+)
+from spool.recovery import RecoveryReport
+from spool.spool import Attempt, MessageEnvelope, Spool, SpoolStatistics
+
+__all__ = [
+    "Attempt",
+    "BadSpoolDirectory",
+    "CorruptSpool",
+    "DiskFull",
+    "InvalidAddress",
+    "InvalidMessage",
+    "MessageEnvelope",
+    "MessageTooLarge",
+    "RecoveryReport",
+    "Spool",
+    "SpoolClosed",
+    "SpoolError",
+    "SpoolFailed",
+    "SpoolLocked",
+    "SpoolStatistics",
+]

@@ -1,0 +1,108 @@
+"""Message bodies: inline BODY frames in the log, or one file each for large bodies.
+
+A body up to ``inline_body_max`` is written as a BODY frame right after the message's
+first envelope, in the same batch and the same fdatasync: one fsync per accept. Runners
+step over it by its length without reading it. A larger body is written to
+``bodies/<msg_id>`` first (data, fdatasync, directory fsync), then the envelope naming it.
+Retries never rewrite a body: replacement envelopes carry a reference to where it is.
+See docs/design.md, "Bodies", for why and for how inline bodies stop pinning segments.
+
+Crash safety:
+    A body file is complete and durable (file and directory synced) before the envelope
+    that names it is appended, so no durable envelope names a missing body. A crash after
+    the file and before the envelope leaves an orphan file with no envelope; recovery and
+    ``spool check`` report such files and recovery removes them.
+    A body file is unlinked only after the finish record of its message is durable.
+
+Errors:
+    ``CorruptSpool`` when a body fails its checks on read.
+"""
+
+from __future__ import annotations
+
+import os
+
+from crc32c import crc32c
+
+from spool import format as fmt
+from spool.errors import CorruptSpool
+from spool.fs import FileSystem
+from spool.reader import read_frame_at
+from spool.records import BODY_FILE, BODY_INLINE, BodyRef, Position, decode_body
+
+
+def body_file_header(data: bytes) -> bytes:
+    """The 32-byte header of a body file holding ``data``."""
+    head = fmt.BODY_HEADER.pack(
+        fmt.BODY_MAGIC, fmt.FORMAT_VERSION, 0, len(data), crc32c(data), 0
+    )[:-4]
+    return head + crc32c(head).to_bytes(4, "little")
+
+
+def write_body_file(fs: FileSystem, body_dir: str, msg_id: str, data: bytes) -> BodyRef:
+    """Write ``data`` durably to ``bodies/<msg_id>`` and return its reference."""
+    path = os.path.join(body_dir, msg_id)
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        # A crash before the fsyncs below leaves a partial or missing file that no
+        # durable envelope names (the envelope comes after): an orphan, removed later.
+        fs.pwrite(fd, body_file_header(data) + data, 0)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    fs.fsync_dir(body_dir)
+    return BodyRef(BODY_FILE, len(data))
+
+
+def read_body_file(fs: FileSystem, body_dir: str, msg_id: str) -> bytes:
+    """The data of ``bodies/<msg_id>``, checked against its header."""
+    path = os.path.join(body_dir, msg_id)
+    try:
+        fd = fs.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise CorruptSpool(path, 0, "body file is missing") from None
+    try:
+        raw = fs.pread(fd, fs.size(fd), 0)
+    finally:
+        fs.close(fd)
+    problem = check_body_file(raw)
+    if problem is not None:
+        raise CorruptSpool(path, 0, problem)
+    return raw[fmt.BODY_HEADER_SIZE :]
+
+
+def check_body_file(raw: bytes) -> str | None:
+    """None if ``raw`` is a valid body file, else what is wrong."""
+    if len(raw) < fmt.BODY_HEADER_SIZE:
+        return "body file shorter than its header"
+    magic, version, _r, length, data_crc, crc = fmt.BODY_HEADER.unpack_from(raw)
+    if crc32c(raw[: fmt.BODY_HEADER_SIZE - 4]) != crc or magic != fmt.BODY_MAGIC:
+        return "body file header is damaged"
+    if version != fmt.FORMAT_VERSION:
+        return f"body file format version {version}"
+    data = raw[fmt.BODY_HEADER_SIZE :]
+    if len(data) != length:
+        return f"body file holds {len(data)} bytes, header says {length}"
+    if crc32c(data) != data_crc:
+        return "body data checksum mismatch"
+    return None
+
+
+def read_inline_body(fs: FileSystem, log_dir: str, msg_id: str, at: Position) -> bytes:
+    """The data of the BODY frame at ``at``, checked to belong to ``msg_id``."""
+    frame = read_frame_at(fs, log_dir, at)
+    path = os.path.join(log_dir, fmt.segment_name(at.segment))
+    if frame.type != fmt.T_BODY:
+        raise CorruptSpool(path, at.offset, f"expected a body frame, found type {frame.type}")
+    owner, data = decode_body(frame.payload)
+    if owner != msg_id:
+        raise CorruptSpool(path, at.offset, f"body belongs to {owner}, not {msg_id}")
+    return data
+
+
+def read_body(fs: FileSystem, root: str, msg_id: str, ref: BodyRef) -> bytes:
+    """Read a message body wherever it lives. ``ref.at`` must be resolved for inline."""
+    if ref.kind == BODY_INLINE:
+        assert ref.at is not None, "inline body reference not resolved"
+        return read_inline_body(fs, os.path.join(root, fmt.LOG_DIR), msg_id, ref.at)
+    return read_body_file(fs, os.path.join(root, fmt.BODY_DIR), msg_id)

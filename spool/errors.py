@@ -1,0 +1,100 @@
+"""Every exception the spool raises, in one place.
+
+Three kinds, after Postfix's diagnostics classes:
+
+* bad input (``InvalidAddress``, ``MessageTooLarge``, ``SpoolLocked``, ``BadSpoolDirectory``):
+  the call is refused and nothing is written; fix the input and call again;
+* environment (``SpoolFailed``, ``DiskFull``): the disk said no. ``DiskFull`` is the
+  temporary back-pressure of ``min_free_bytes`` (answer SMTP 452, never 5xx) and changes
+  nothing. ``SpoolFailed`` is sticky: a write or fsync failed, the on-disk state is
+  unknown, every later write raises it; close and reopen the spool (reopening recovers);
+* bad data (``CorruptSpool``): a file failed its checksum where no crash can explain it.
+
+Bugs are ``AssertionError``: let them crash the process; the next open recovers.
+Each message says what to do next.
+"""
+
+from __future__ import annotations
+
+
+class SpoolError(Exception):
+    """Base class of every spool error; never raised itself."""
+
+
+class SpoolLocked(SpoolError):
+    """Another process (or another handle in this process) owns the spool."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        self.path = path
+        self.pid = pid
+        owner = f"process {pid}" if pid else "another process"
+        super().__init__(
+            f"spool {path} is locked by {owner}; stop that owner or talk to it, "
+            "a spool has exactly one owner at a time"
+        )
+
+
+class BadSpoolDirectory(SpoolError):
+    """The path cannot be a spool: not a directory, foreign owner, unsafe permissions."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class SpoolClosed(SpoolError):
+    """The spool or the attempt was closed; open the spool again to continue."""
+
+
+class InvalidMessage(SpoolError, ValueError):
+    """The message cannot be accepted as given; nothing was written."""
+
+
+class InvalidAddress(InvalidMessage):
+    """An address breaks RFC 5321 syntax or limits."""
+
+    def __init__(self, address: object, reason: str) -> None:
+        self.address = address
+        self.reason = reason
+        super().__init__(f"invalid address {address!r}: {reason}")
+
+
+class MessageTooLarge(InvalidMessage):
+    """The data or the recipient list exceeds a configured limit (SMTP 552)."""
+
+
+class CorruptSpool(SpoolError):
+    """A file failed its check where no crash can explain it.
+
+    Names the file and offset. Nothing is skipped silently: run ``spool check DIR`` to see
+    every problem and ``spool check --repair DIR`` to move unreadable files aside.
+    """
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(
+            f"corrupt spool file {path} at offset {offset}: {reason}; "
+            "run `spool check` to list problems, `spool check --repair` to set them aside"
+        )
+
+
+class DiskFull(SpoolError):
+    """Free space is under ``min_free_bytes``: new mail is refused for now (SMTP 452).
+
+    Deliveries go on and free space; nothing was written.
+    """
+
+
+class SpoolFailed(SpoolError):
+    """Sticky: a write or fsync failed, so what reached the disk is unknown.
+
+    Every later write raises this too. Close the spool and open it again: opening
+    recovers. ``errno`` is the operating system's error number (ENOSPC, EIO, ...).
+    """
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        self.errno = errno
+        super().__init__(f"{message}; close and reopen the spool to recover")

@@ -1,0 +1,90 @@
+"""On-disk constants: the only place the numbers of the format live.
+
+The prose specification, with byte offsets and a worked example, is ``docs/format.md``.
+Change nothing here without changing that document and the golden tests.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+FORMAT_VERSION: Final = 1
+
+# Sector size the write path pads every group commit to, so that no write ever touches a
+# sector holding bytes an earlier fsync made durable (docs/fault-model.md).
+SECTOR: Final = 512
+
+# --- segment files -------------------------------------------------------------------
+# Header: magic(8) version(u32) header_size(u32) segment_number(u64) reserved(u32) crc(u32)
+SEGMENT_MAGIC: Final = b"SPOOLLOG"
+SEGMENT_HEADER: Final = struct.Struct("<8sIIQII")
+SEGMENT_HEADER_SIZE: Final = SEGMENT_HEADER.size
+SEGMENT_SUFFIX: Final = ".seg"
+SEGMENT_NAME_DIGITS: Final = 20
+assert SEGMENT_HEADER_SIZE == 32
+
+# --- frames ----------------------------------------------------------------------------
+# Frame header: crc32c(u32) payload_length(u32) type(u8); the CRC covers the length,
+# the type and the payload, so a torn or shifted frame never passes.
+FRAME_HEADER: Final = struct.Struct("<IIB")
+FRAME_HEADER_SIZE: Final = FRAME_HEADER.size
+assert FRAME_HEADER_SIZE == 9
+
+# The largest payload a reader accepts; a longer length field is damage, not data.
+FRAME_PAYLOAD_MAX: Final = 8 * 1024 * 1024
+
+# Frame types. 0 is never written: a zeroed region can never parse as a record.
+T_NONE: Final = 0
+T_ENVELOPE: Final = 1
+T_BODY: Final = 2
+T_START: Final = 3
+T_DELTA: Final = 4
+T_FINISH: Final = 5
+T_CONTROL: Final = 6
+T_PAD: Final = 15
+
+FRAME_TYPES: Final = frozenset({T_ENVELOPE, T_BODY, T_START, T_DELTA, T_FINISH, T_CONTROL, T_PAD})
+TYPE_NAMES: Final = {
+    T_ENVELOPE: "envelope",
+    T_BODY: "body",
+    T_START: "start",
+    T_DELTA: "delta",
+    T_FINISH: "finish",
+    T_CONTROL: "control",
+    T_PAD: "pad",
+}
+
+# --- the spool directory ---------------------------------------------------------------
+LOCK_NAME: Final = "lock"
+LOG_DIR: Final = "log"
+BODY_DIR: Final = "bodies"
+POSITIONS_NAME: Final = "positions"
+CORRUPT_DIR: Final = "corrupt"
+
+# --- body files (bodies too large to keep inline in the log) ---------------------------
+# Header: magic(8) version(u32) reserved(u32) length(u64) crc32c-of-data(u32) crc(u32)
+BODY_MAGIC: Final = b"SPOOLBDY"
+BODY_HEADER: Final = struct.Struct("<8sIIQII")
+BODY_HEADER_SIZE: Final = BODY_HEADER.size
+assert BODY_HEADER_SIZE == 32
+
+# --- message ids ----------------------------------------------------------------------
+MSG_ID_LENGTH: Final = 16  # hex digits: 8 bytes, 4 of time and 4 random
+
+
+def segment_name(number: int) -> str:
+    """File name of log segment ``number`` (zero padded, so names sort by number)."""
+    assert 0 < number < 10**SEGMENT_NAME_DIGITS, number
+    return f"{number:0{SEGMENT_NAME_DIGITS}d}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """Segment number of a file name, or None when the name is not a segment's."""
+    stem, dot, ext = name.partition(".")
+    if "." + ext != SEGMENT_SUFFIX or not dot or len(stem) != SEGMENT_NAME_DIGITS:
+        return None
+    if not stem.isdigit():
+        return None
+    number = int(stem)
+    return number if number > 0 else None

@@ -1,0 +1,156 @@
+"""Frames: the length + CRC-32C envelope around every record. No I/O here.
+
+``encode_frame`` builds one frame; ``parse_frame`` looks at a buffer and says what is at an
+offset: a whole ``Frame``, ``NEED_DATA`` (the buffer ends inside the frame), or a
+``BadFrame`` (the bytes there cannot be a frame). Whether a ``BadFrame`` is a torn tail or
+corruption is not decided here: only the reader knows where the durable end of the log is
+(see ``reader.py``). Because nothing here touches a file, tests feed frames one byte at a
+time and cut them at every offset.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+from crc32c import crc32c
+
+from spool import format as fmt
+
+
+@attrs.frozen
+class Frame:
+    """One checked frame: its type, payload and total size on disk."""
+
+    type: int
+    payload: bytes
+    size: int
+
+
+@attrs.frozen
+class BadFrame:
+    """Bytes that are not a valid frame, and why."""
+
+    reason: str
+
+
+@attrs.frozen
+class _NeedData:
+    """The buffer ends inside the frame: read more, or it is a truncated tail."""
+
+
+NEED_DATA: Final = _NeedData()
+
+_HEADER = fmt.FRAME_HEADER
+_HEADER_SIZE = fmt.FRAME_HEADER_SIZE
+
+
+def frame_crc(length_and_type: bytes, payload: bytes) -> int:
+    """The CRC-32C of a frame: over the length, the type byte and the payload."""
+    return crc32c(payload, crc32c(length_and_type))
+
+
+def encode_frame(ftype: int, payload: bytes) -> bytes:
+    """Encode one frame. The type must be a known type other than NONE."""
+    assert ftype in fmt.FRAME_TYPES, ftype
+    assert len(payload) <= fmt.FRAME_PAYLOAD_MAX, len(payload)
+    length_and_type = _HEADER.pack(0, len(payload), ftype)[4:]
+    crc = frame_crc(length_and_type, payload)
+    return crc.to_bytes(4, "little") + length_and_type + payload
+
+
+def pad_frame(size: int) -> bytes:
+    """A PAD frame of exactly ``size`` bytes (header included); size >= header size."""
+    assert size >= _HEADER_SIZE, size
+    return encode_frame(fmt.T_PAD, bytes(size - _HEADER_SIZE))
+
+
+def padding_for(offset: int, sector: int = fmt.SECTOR) -> bytes:
+    """The PAD frame that brings ``offset`` to the next sector boundary (b'' if aligned).
+
+    A gap too small for a frame header is widened by one more sector.
+    """
+    gap = -offset % sector
+    if gap == 0:
+        return b""
+    if gap < _HEADER_SIZE:
+        gap += sector
+    return pad_frame(gap)
+
+
+def parse_frame(buf: bytes | memoryview, offset: int) -> Frame | BadFrame | _NeedData:
+    """Parse the frame starting at ``offset`` of ``buf``.
+
+    Returns ``NEED_DATA`` when ``buf`` ends before the frame does (also for a length field
+    that is plausible but runs past the buffer), ``BadFrame`` when the bytes cannot be a
+    frame: unknown type, impossible length, or a CRC mismatch.
+    """
+    end_of_header = offset + _HEADER_SIZE
+    if len(buf) < end_of_header:
+        return NEED_DATA
+    crc, length, ftype = _HEADER.unpack_from(buf, offset)
+    if ftype not in fmt.FRAME_TYPES:
+        return BadFrame(f"unknown frame type {ftype}")
+    if length > fmt.FRAME_PAYLOAD_MAX:
+        return BadFrame(f"frame length {length} exceeds the maximum {fmt.FRAME_PAYLOAD_MAX}")
+    end = end_of_header + length
+    if len(buf) < end:
+        return NEED_DATA
+    payload = bytes(buf[end_of_header:end])
+    if frame_crc(bytes(buf[offset + 4 : end_of_header]), payload) != crc:
+        return BadFrame("checksum mismatch")
+    return Frame(ftype, payload, end - offset)
+
+
+def peek_header(buf: bytes | memoryview, offset: int) -> tuple[int, int] | BadFrame | _NeedData:
+    """(type, total size) of the frame at ``offset`` without checking its CRC.
+
+    Used to step over a body frame whose payload the caller does not need; the caller
+    must not treat the frame as checked.
+    """
+    if len(buf) < offset + _HEADER_SIZE:
+        return NEED_DATA
+    _crc, length, ftype = _HEADER.unpack_from(buf, offset)
+    if ftype not in fmt.FRAME_TYPES:
+        return BadFrame(f"unknown frame type {ftype}")
+    if length > fmt.FRAME_PAYLOAD_MAX:
+        return BadFrame(f"frame length {length} exceeds the maximum {fmt.FRAME_PAYLOAD_MAX}")
+    return ftype, _HEADER_SIZE + length
+
+
+class Scanner:
+    """Turns a stream of bytes into frames; fed with ``feed``, pulled with ``next``.
+
+    Does no I/O. ``offset`` is the stream offset of the next frame. After a ``BadFrame`` the
+    scanner stays at the bad offset: what to do next is the caller's decision.
+    """
+
+    def __init__(self, offset: int = 0) -> None:
+        self._buf = bytearray()
+        self._base = offset
+        self._pos = 0
+
+    @property
+    def offset(self) -> int:
+        """Stream offset of the next frame to parse."""
+        return self._base + self._pos
+
+    @property
+    def buffered(self) -> int:
+        """Bytes fed but not yet consumed."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        """Append bytes to the stream."""
+        if self._pos > 65536 and self._pos * 2 > len(self._buf):
+            del self._buf[: self._pos]
+            self._base += self._pos
+            self._pos = 0
+        self._buf += data
+
+    def next(self) -> Frame | BadFrame | _NeedData:
+        """The next frame, ``NEED_DATA``, or ``BadFrame`` (without consuming it)."""
+        result = parse_frame(self._buf, self._pos)
+        if isinstance(result, Frame):
+            self._pos += result.size
+        return result

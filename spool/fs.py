@@ -1,0 +1,79 @@
+"""The file-system seam: every byte the spool reads or writes goes through ``FileSystem``.
+
+Thin on purpose: one method per system call the spool uses. Tests substitute a subclass
+that counts calls, records an I/O trace, injects errors, or drops un-fsynced writes
+(``spool.testing``), the way LevelDB's ``Env`` lets its fault-injection tests work.
+
+Crash safety:
+    Nothing here decides ordering; callers do, and argue it where they call. ``pwrite``
+    writes all of ``data`` or raises; a short write is retried, never silently accepted.
+
+Errors:
+    ``OSError`` propagates unchanged; the writer turns it into ``SpoolFailed``.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class FileSystem:
+    """Real POSIX file operations. Thread-safe (each call is one system call)."""
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        """os.open; new files get ``mode`` (0600: mail is private)."""
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        """Write all of ``data`` at ``offset``."""
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            if written <= 0:
+                raise OSError(f"pwrite wrote {written} bytes")
+            view = view[written:]
+            offset += written
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        """Read up to ``size`` bytes at ``offset`` (fewer only at end of file)."""
+        return os.pread(fd, size, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the directory entries of ``path`` (creates, renames, unlinks) durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def mkdir(self, path: str, mode: int = 0o700) -> None:
+        os.mkdir(path, mode)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def free_bytes(self, path: str) -> int:
+        """Bytes available to this user on the file system holding ``path``."""
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize

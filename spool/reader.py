@@ -1,0 +1,244 @@
+"""Reading the log: frames from a position onward, across segment files.
+
+``LogCursor`` walks frames in order, reading the segment files in large chunks and, when
+asked, stepping over BODY frames without reading them (queue runners never read bodies).
+It stops at a ``limit`` position (the writer's durable end for live readers) or at the
+end of the files on disk (recovery, offline tools).
+
+This is the one place that decides what a bad frame means (LevelDB's ``log_reader``):
+
+* before ``durable_end`` (the end the restart positions vouch for): corruption, raised as
+  ``CorruptSpool`` with the file and offset;
+* after it, in the newest segment: a torn tail, reported as a ``TornTail`` for recovery to
+  cut (a crash interrupted the last batch; nobody was told it was durable);
+* after it, in an older segment: corruption too, because a segment is created only after
+  the one before it is fully synced (writer invariant W3).
+
+Errors:
+    ``CorruptSpool`` as above, and for a bad segment header or a missing segment in the
+    middle of the log.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import attrs
+from crc32c import crc32c
+
+from spool import format as fmt
+from spool.errors import CorruptSpool
+from spool.framing import NEED_DATA, BadFrame, Frame, parse_frame, peek_header
+from spool.fs import FileSystem
+from spool.records import Position
+
+CHUNK_SIZE = 256 * 1024
+
+
+def list_segments(fs: FileSystem, log_dir: str) -> list[int]:
+    """Numbers of the segment files in ``log_dir``, ascending."""
+    numbers = [n for n in map(fmt.parse_segment_name, fs.listdir(log_dir)) if n is not None]
+    return sorted(numbers)
+
+
+def check_segment_header(data: bytes, number: int, path: str) -> str | None:
+    """None if ``data`` starts with a valid header for segment ``number``, else why not."""
+    if len(data) < fmt.SEGMENT_HEADER_SIZE:
+        return f"header truncated ({len(data)} bytes)"
+    magic, version, size, seg, _reserved, crc = fmt.SEGMENT_HEADER.unpack_from(data)
+    if crc32c(data[: fmt.SEGMENT_HEADER_SIZE - 4]) != crc:
+        return "header checksum mismatch"
+    if magic != fmt.SEGMENT_MAGIC:
+        return "not a spool segment (bad magic)"
+    if version != fmt.FORMAT_VERSION:
+        return f"format version {version}, this spool reads {fmt.FORMAT_VERSION}"
+    if size != fmt.SEGMENT_HEADER_SIZE or seg != number:
+        return f"header names segment {seg}, file name says {number}"
+    return None
+
+
+@attrs.frozen
+class TornTail:
+    """A torn tail found in the newest segment: bytes from ``at`` to ``file_size``."""
+
+    at: Position
+    file_size: int
+    reason: str
+
+    @property
+    def bytes(self) -> int:
+        return self.file_size - self.at.offset
+
+
+@attrs.frozen
+class SkippedBody:
+    """A BODY frame stepped over without reading: its size on disk."""
+
+    size: int
+
+
+class LogCursor:
+    """Iterates frames from ``start``; not thread-safe (one cursor per reader).
+
+    ``durable_end`` decides corruption versus torn tail (see the module docstring); pass
+    the current durable end for live readers, for whom any bad frame is corruption.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        log_dir: str,
+        start: Position,
+        *,
+        durable_end: Position | None = None,
+        newest_segment: int | None = None,
+        skip_bodies: bool = False,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
+        self._fs = fs
+        self._dir = log_dir
+        self.position = start
+        self._durable_end = durable_end
+        self._newest = newest_segment
+        self._skip_bodies = skip_bodies
+        self._chunk = chunk_size
+        self._fd: int | None = None
+        self._fd_segment = 0
+        self._buf = b""
+        self._buf_offset = 0
+        self.torn: TornTail | None = None
+        self.bytes_read = 0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self._fs.close(self._fd)
+            self._fd = None
+
+    def path(self, segment: int) -> str:
+        return os.path.join(self._dir, fmt.segment_name(segment))
+
+    def _open(self, segment: int) -> bool:
+        """Open ``segment`` (validating its header); False if the file does not exist."""
+        self.close()
+        path = self.path(segment)
+        try:
+            fd = self._fs.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        self._fd, self._fd_segment = fd, segment
+        self._buf, self._buf_offset = b"", 0
+        header = self._fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
+        problem = check_segment_header(header, segment, path)
+        if problem is not None:
+            self._bad(Position(segment, 0), problem, self._fs.size(fd))
+        if self.position.offset < fmt.SEGMENT_HEADER_SIZE:
+            self.position = Position(segment, fmt.SEGMENT_HEADER_SIZE)
+        return True
+
+    def _bad(self, at: Position, reason: str, file_size: int) -> None:
+        """Classify a bad frame at ``at``: record a torn tail, or raise corruption."""
+        durable = self._durable_end
+        newest = self._newest
+        if (durable is None or at >= durable) and (newest is None or at.segment >= newest):
+            self.torn = TornTail(at, file_size, reason)
+            raise _Stop
+        raise CorruptSpool(self.path(at.segment), at.offset, reason)
+
+    def _fill(self, offset: int, need: int) -> None:
+        assert self._fd is not None
+        size = max(self._chunk, need)
+        self._buf = self._fs.pread(self._fd, size, offset)
+        self._buf_offset = offset
+        self.bytes_read += len(self._buf)
+
+    def next(
+        self, limit: Position | None = None
+    ) -> tuple[Position, Frame | SkippedBody] | None:
+        """The next frame and its position, or None at ``limit`` / end of the log.
+
+        Sets ``torn`` (and returns None) when the log ends in a torn tail.
+        """
+        try:
+            return self._next(limit)
+        except _Stop:
+            return None
+
+    def _next(self, limit: Position | None) -> tuple[Position, Frame | SkippedBody] | None:
+        while True:
+            pos = self.position
+            if limit is not None and pos >= limit:
+                return None
+            if self._fd is None or self._fd_segment != pos.segment:
+                if not self._open(pos.segment):
+                    return None
+            assert self._fd is not None
+            end_in_file = self._fs.size(self._fd)
+            if limit is not None and limit.segment == pos.segment:
+                end_in_file = min(end_in_file, limit.offset)
+            if pos.offset >= end_in_file:
+                if limit is not None and limit.segment == pos.segment:
+                    return None
+                # End of this segment: the next one must exist, unless this is the last.
+                nxt = Position(pos.segment + 1, 0)
+                if not os.path.exists(self.path(nxt.segment)):
+                    return None
+                self.position = nxt
+                continue
+            rel = pos.offset - self._buf_offset
+            if rel < 0 or rel >= len(self._buf):
+                self._fill(pos.offset, fmt.FRAME_HEADER_SIZE)
+                rel = 0
+            if self._skip_bodies:
+                head = peek_header(self._buf, rel)
+                if isinstance(head, tuple) and head[0] == fmt.T_BODY:
+                    if pos.offset + head[1] > end_in_file:
+                        self._bad(pos, "truncated body frame", end_in_file)
+                    self.position = Position(pos.segment, pos.offset + head[1])
+                    return pos, SkippedBody(head[1])
+            result = parse_frame(self._buf, rel)
+            if result is NEED_DATA:
+                available = end_in_file - pos.offset
+                head = peek_header(self._buf, rel)
+                need = head[1] if isinstance(head, tuple) else fmt.FRAME_HEADER_SIZE
+                if need > available:
+                    self._bad(pos, f"truncated frame ({available} of {need} bytes)", end_in_file)
+                self._fill(pos.offset, need)
+                result = parse_frame(self._buf, 0)
+            if isinstance(result, BadFrame):
+                self._bad(pos, result.reason, end_in_file)
+            assert isinstance(result, Frame)
+            if pos.offset + result.size > end_in_file:
+                self._bad(pos, "frame runs past the durable end", end_in_file)
+            self.position = Position(pos.segment, pos.offset + result.size)
+            return pos, result
+
+    def __iter__(self) -> Iterator[tuple[Position, Frame | SkippedBody]]:
+        while (item := self.next()) is not None:
+            yield item
+
+
+class _Stop(Exception):
+    """Internal: the cursor hit a torn tail."""
+
+
+def read_frame_at(fs: FileSystem, log_dir: str, at: Position) -> Frame:
+    """Read and check the single frame at ``at`` (envelopes for attempts, bodies)."""
+    path = os.path.join(log_dir, fmt.segment_name(at.segment))
+    try:
+        fd = fs.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise CorruptSpool(path, at.offset, "segment file is missing") from None
+    try:
+        head = fs.pread(fd, fmt.FRAME_HEADER_SIZE, at.offset)
+        peek = peek_header(head, 0)
+        if not isinstance(peek, tuple):
+            raise CorruptSpool(path, at.offset, "no frame header here")
+        data = fs.pread(fd, peek[1], at.offset)
+    finally:
+        fs.close(fd)
+    result = parse_frame(data, 0)
+    if not isinstance(result, Frame):
+        reason = result.reason if isinstance(result, BadFrame) else "truncated frame"
+        raise CorruptSpool(path, at.offset, reason)
+    return result

@@ -1,0 +1,345 @@
+"""Record types of the log and their CBOR payloads.
+
+One attrs class per record type. ``encode`` turns a record into ``(frame type, payload)``;
+``decode`` does the reverse and raises ``RecordError`` for a payload that passed its CRC
+but is not a valid record (a bug or a foreign writer, never a crash). Field names in the
+CBOR maps are short strings, listed with their meaning in ``docs/format.md``.
+
+Garbage marks are implied, not written: a START record supersedes the envelope it names,
+a replacement ENVELOPE supersedes the envelope in its ``supersedes`` field, and a FINISH
+settles the message. Nothing is ever marked in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import attrs
+import cbor2
+
+from spool import format as fmt
+
+
+class RecordError(ValueError):
+    """A payload that passed its CRC does not decode to a valid record."""
+
+
+@attrs.frozen(order=True)
+class Position:
+    """A place in the log: segment number and byte offset inside that segment file."""
+
+    segment: int
+    offset: int
+
+    def to_list(self) -> list[int]:
+        return [self.segment, self.offset]
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> Position:
+        if (
+            not isinstance(obj, list)
+            or len(obj) != 2
+            or not all(isinstance(x, int) and x >= 0 for x in obj)
+        ):
+            raise RecordError(f"bad position {obj!r}")
+        return cls(obj[0], obj[1])
+
+    def __str__(self) -> str:
+        return f"{self.segment}:{self.offset}"
+
+
+# Delta statuses.
+DELIVERED: Final = "delivered"
+FAILED: Final = "failed"
+DEFERRED: Final = "deferred"
+STATUSES: Final = frozenset({DELIVERED, FAILED, DEFERRED})
+
+# Body kinds: the BODY frame right after the first envelope, or a file in bodies/.
+BODY_INLINE: Final = "inline"
+BODY_FILE: Final = "file"
+
+
+@attrs.frozen
+class BodyRef:
+    """Where a message body lives.
+
+    ``at`` is the position of the BODY frame for inline bodies; None in the first envelope
+    of a message, whose BODY frame follows it directly.
+    """
+
+    kind: str
+    size: int
+    at: Position | None = None
+
+    def to_obj(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"k": self.kind, "n": self.size}
+        if self.at is not None:
+            obj["at"] = self.at.to_list()
+        return obj
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> BodyRef:
+        if not isinstance(obj, dict) or obj.get("k") not in (BODY_INLINE, BODY_FILE):
+            raise RecordError(f"bad body reference {obj!r}")
+        at = Position.from_obj(obj["at"]) if "at" in obj else None
+        size = obj.get("n")
+        if not isinstance(size, int) or size < 0:
+            raise RecordError(f"bad body size {size!r}")
+        return cls(obj["k"], size, at)
+
+
+@attrs.frozen
+class Outcome:
+    """The final result of one recipient: delivered or failed, with the last reply."""
+
+    recipient: str
+    status: str
+    reply: str
+    at: float
+
+    def to_obj(self) -> list[Any]:
+        return [self.recipient, self.status, self.reply, self.at]
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> Outcome:
+        if not isinstance(obj, list) or len(obj) != 4 or obj[1] not in (DELIVERED, FAILED):
+            raise RecordError(f"bad outcome {obj!r}")
+        return cls(str(obj[0]), obj[1], str(obj[2]), float(obj[3]))
+
+
+@attrs.frozen
+class Envelope:
+    """What a queue runner needs to route a message; never the body itself.
+
+    ``recipients`` are the ones still pending. ``klass`` is the retry class whose runner
+    picks the envelope up (0: fresh mail or due now). ``outcomes`` carries the results of
+    earlier attempts so the finish record can report every recipient.
+    """
+
+    msg_id: str
+    sender: str
+    recipients: tuple[str, ...]
+    accepted_at: float
+    written_at: float
+    body: BodyRef
+    attempts: int = 0
+    klass: int = 0
+    held: str | None = None
+    crashes: int = 0
+    supersedes: Position | None = None
+    outcomes: tuple[Outcome, ...] = ()
+    last_reply: str | None = None
+
+
+@attrs.frozen
+class Start:
+    """A delivery attempt on the envelope at ``envelope_at`` began (supersedes it)."""
+
+    msg_id: str
+    envelope_at: Position
+    klass: int
+    at: float
+
+
+@attrs.frozen
+class Delta:
+    """These recipients were delivered, failed permanently, or deferred, with the reply."""
+
+    msg_id: str
+    status: str
+    recipients: tuple[str, ...]
+    reply: str
+    at: float
+
+
+@attrs.frozen
+class Finish:
+    """No work is left on the message; ``outcomes`` holds every recipient's result."""
+
+    msg_id: str
+    at: float
+    body: BodyRef
+    outcomes: tuple[Outcome, ...]
+    reason: str = ""
+
+
+@attrs.frozen
+class Control:
+    """An operator or bookkeeping action that is not itself an envelope change.
+
+    ``action`` is one of ``CONTROL_ACTIONS``; ``target`` its subject (a message id).
+    """
+
+    action: str
+    target: str
+    at: float
+
+
+CONTROL_ACTIONS: Final = frozenset({"outcome-ack"})
+
+Record = Envelope | Start | Delta | Finish | Control
+
+
+def _rcpts(obj: Any) -> tuple[str, ...]:
+    if not isinstance(obj, list) or not all(isinstance(r, str) for r in obj):
+        raise RecordError(f"bad recipient list {obj!r}")
+    return tuple(obj)
+
+
+def encode(record: Record) -> tuple[int, bytes]:
+    """(frame type, CBOR payload) of a record."""
+    if isinstance(record, Envelope):
+        obj: dict[str, Any] = {
+            "id": record.msg_id,
+            "from": record.sender,
+            "to": list(record.recipients),
+            "acc": record.accepted_at,
+            "ts": record.written_at,
+            "body": record.body.to_obj(),
+            "att": record.attempts,
+            "cls": record.klass,
+        }
+        if record.held is not None:
+            obj["held"] = record.held
+        if record.crashes:
+            obj["crash"] = record.crashes
+        if record.supersedes is not None:
+            obj["sup"] = record.supersedes.to_list()
+        if record.outcomes:
+            obj["out"] = [o.to_obj() for o in record.outcomes]
+        if record.last_reply is not None:
+            obj["reply"] = record.last_reply
+        return fmt.T_ENVELOPE, cbor2.dumps(obj)
+    if isinstance(record, Start):
+        obj = {
+            "id": record.msg_id,
+            "env": record.envelope_at.to_list(),
+            "cls": record.klass,
+            "ts": record.at,
+        }
+        return fmt.T_START, cbor2.dumps(obj)
+    if isinstance(record, Delta):
+        obj = {
+            "id": record.msg_id,
+            "st": record.status,
+            "to": list(record.recipients),
+            "reply": record.reply,
+            "ts": record.at,
+        }
+        return fmt.T_DELTA, cbor2.dumps(obj)
+    if isinstance(record, Finish):
+        obj = {
+            "id": record.msg_id,
+            "ts": record.at,
+            "body": record.body.to_obj(),
+            "out": [o.to_obj() for o in record.outcomes],
+            "why": record.reason,
+        }
+        return fmt.T_FINISH, cbor2.dumps(obj)
+    assert isinstance(record, Control), record
+    return fmt.T_CONTROL, cbor2.dumps(
+        {"act": record.action, "tgt": record.target, "ts": record.at}
+    )
+
+
+def _map(payload: bytes) -> dict[str, Any]:
+    try:
+        obj = cbor2.loads(payload)
+    except Exception as exc:  # cbor2 raises several types for malformed input
+        raise RecordError(f"payload is not CBOR: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise RecordError("payload is not a CBOR map")
+    return obj
+
+
+def decode(ftype: int, payload: bytes) -> Record:
+    """Decode a record payload. Raises RecordError on anything malformed."""
+    obj = _map(payload)
+    try:
+        return _decode_map(ftype, obj)
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, RecordError):
+            raise
+        raise RecordError(f"{fmt.TYPE_NAMES.get(ftype, ftype)} record: {exc!r}") from exc
+
+
+def _str(obj: Any) -> str:
+    if not isinstance(obj, str):
+        raise RecordError(f"expected text, got {obj!r}")
+    return obj
+
+
+def _num(obj: Any) -> float:
+    if not isinstance(obj, int | float) or isinstance(obj, bool):
+        raise RecordError(f"expected a number, got {obj!r}")
+    return float(obj)
+
+
+def _int(obj: Any) -> int:
+    if not isinstance(obj, int) or isinstance(obj, bool) or obj < 0:
+        raise RecordError(f"expected a non-negative integer, got {obj!r}")
+    return obj
+
+
+def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
+    if ftype == fmt.T_ENVELOPE:
+        held = obj.get("held")
+        reply = obj.get("reply")
+        return Envelope(
+            msg_id=_str(obj["id"]),
+            sender=_str(obj["from"]),
+            recipients=_rcpts(obj["to"]),
+            accepted_at=_num(obj["acc"]),
+            written_at=_num(obj["ts"]),
+            body=BodyRef.from_obj(obj["body"]),
+            attempts=_int(obj["att"]),
+            klass=_int(obj["cls"]),
+            held=None if held is None else _str(held),
+            crashes=_int(obj.get("crash", 0)),
+            supersedes=Position.from_obj(obj["sup"]) if "sup" in obj else None,
+            outcomes=tuple(Outcome.from_obj(o) for o in obj.get("out", [])),
+            last_reply=None if reply is None else _str(reply),
+        )
+    if ftype == fmt.T_START:
+        return Start(
+            _str(obj["id"]), Position.from_obj(obj["env"]), _int(obj["cls"]), _num(obj["ts"])
+        )
+    if ftype == fmt.T_DELTA:
+        status = _str(obj["st"])
+        if status not in STATUSES:
+            raise RecordError(f"unknown delta status {status!r}")
+        return Delta(
+            _str(obj["id"]), status, _rcpts(obj["to"]), _str(obj["reply"]), _num(obj["ts"])
+        )
+    if ftype == fmt.T_FINISH:
+        return Finish(
+            msg_id=_str(obj["id"]),
+            at=_num(obj["ts"]),
+            body=BodyRef.from_obj(obj["body"]),
+            outcomes=tuple(Outcome.from_obj(o) for o in obj["out"]),
+            reason=_str(obj.get("why", "")),
+        )
+    if ftype == fmt.T_CONTROL:
+        action = _str(obj["act"])
+        if action not in CONTROL_ACTIONS:
+            raise RecordError(f"unknown control action {action!r}")
+        return Control(action, _str(obj["tgt"]), _num(obj["ts"]))
+    raise RecordError(f"frame type {ftype} carries no record")
+
+
+def encode_body(msg_id: str, data: bytes) -> bytes:
+    """BODY frame payload: the message id in ASCII (fixed length) followed by the data."""
+    ident = msg_id.encode("ascii")
+    assert len(ident) == fmt.MSG_ID_LENGTH, msg_id
+    return ident + data
+
+
+def decode_body(payload: bytes) -> tuple[str, bytes]:
+    """(msg_id, data) of a BODY frame payload."""
+    if len(payload) < fmt.MSG_ID_LENGTH:
+        raise RecordError("body frame shorter than a message id")
+    try:
+        msg_id = payload[: fmt.MSG_ID_LENGTH].decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise RecordError("body frame message id is not ASCII") from exc
+    return msg_id, payload[fmt.MSG_ID_LENGTH :]

@@ -1,0 +1,349 @@
+"""Opening a spool is recovery: read the restart positions, scan the working suffix.
+
+The procedure (docs/design.md, "Recovery", has it with its invariants):
+
+1. Load the restart positions; missing or damaged means "scan from the oldest segment".
+2. Check the segment files form a contiguous run (a gap is corruption).
+3. Scan from the working-suffix start to the end of the log, checking every frame. A bad
+   frame before the positions' consistent end is ``CorruptSpool``; at the end of the
+   newest segment it is a torn tail, cut off here (truncate + fdatasync).
+4. Collect, for each start record with no later replacement or finish, its deltas; note
+   every envelope superseded ahead of the runners; replay body references after the
+   consistent end.
+5. Decide each working message with ``DECISIONS`` (below): replace, finish, or hold.
+
+The caller (``Spool.open``) then starts the writer on a fresh segment, appends the
+decided records, syncs, and writes new restart positions. A crash anywhere in this
+leaves the same positions and a log that now may contain some of the decided records;
+the next recovery sees them as settlements (case R1) and converges.
+
+Crash safety:
+    The only writes here are the torn-tail cut and the removal of an empty torn newest
+    segment. Both remove bytes no caller was told were durable (writer invariant W1), and
+    both are idempotent: a crash before they are durable makes the next recovery redo them.
+
+Errors:
+    ``CorruptSpool`` for damage that no crash explains.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from collections.abc import Callable
+
+import attrs
+
+from spool import format as fmt
+from spool import records as rec
+from spool.errors import CorruptSpool
+from spool.fs import FileSystem
+from spool.positions import RestartPositions, load_positions
+from spool.reader import LogCursor, SkippedBody, list_segments, read_frame_at
+from spool.records import Position
+
+
+class Decision(enum.Enum):
+    SETTLED = "settled"  # nothing to write
+    REPLACE = "replace"  # write a replacement envelope with the remaining recipients
+    FINISH = "finish"  # write a finish record: no recipient remains
+    HOLD = "hold"  # write a held replacement envelope: crash-loop breaker
+
+
+@attrs.frozen
+class Case:
+    label: str
+    settled: bool
+    remaining: bool
+    crash_loop: bool
+    decision: Decision
+    cause: str
+
+
+# Every combination of facts about a message whose start record is in the scanned suffix.
+# (settled: a replacement or finish follows the start; remaining: recipients left after the
+# deltas; crash_loop: this crash brings the message's crash count to the limit.)
+DECISIONS: tuple[Case, ...] = (
+    Case("R1a", True, True, True, Decision.SETTLED, "crash after the attempt closed"),
+    Case("R1b", True, True, False, Decision.SETTLED, "crash after the attempt closed"),
+    Case("R1c", True, False, True, Decision.SETTLED, "crash after the finish record"),
+    Case("R1d", True, False, False, Decision.SETTLED, "crash after the finish record"),
+    Case("R2", False, True, False, Decision.REPLACE, "crash during a delivery attempt"),
+    Case("R3", False, True, True, Decision.HOLD, "the message was in flight at K crashes"),
+    Case("R4a", False, False, False, Decision.FINISH, "crash after the last delta"),
+    Case("R4b", False, False, True, Decision.FINISH, "crash after the last delta"),
+)
+
+
+def decide(settled: bool, remaining: bool, crash_loop: bool) -> Case:
+    """Look up the decision-table row for these facts (exactly one matches)."""
+    rows = [
+        c
+        for c in DECISIONS
+        if (c.settled, c.remaining, c.crash_loop) == (settled, remaining, crash_loop)
+    ]
+    assert len(rows) == 1, (settled, remaining, crash_loop, rows)
+    return rows[0]
+
+
+@attrs.frozen
+class RecoveryReport:
+    """What recovery did; ``Spool.recovery``."""
+
+    positions_used: bool
+    scanned_from: Position | None
+    records_scanned: int
+    bytes_scanned: int
+    working_found: int
+    replacements_written: int
+    finishes_written: int
+    held_for_crash_loop: int
+    torn_bytes_cut: int
+    torn_at: Position | None
+    segments: int
+    seconds: float
+
+
+@attrs.define
+class _Working:
+    start_at: Position
+    envelope_at: Position
+    klass: int
+    delivered: dict[str, tuple[str, str, float]] = attrs.field(factory=dict)
+    settled: bool = False
+
+
+@attrs.define
+class RecoveredState:
+    """What the spool needs to resume: writer start, runner state, records to write."""
+
+    next_segment: int
+    first_segment: int
+    cursors: list[Position]
+    superseded: set[Position]
+    body_refs: dict[int, int]
+    outcome_front: Position
+    to_write: list[rec.Record]
+    working_at: list[Position]
+    report: RecoveryReport
+
+
+def _scan_start(
+    positions: RestartPositions | None, segments: list[int], n_classes: int
+) -> tuple[RestartPositions | None, Position]:
+    """Where to scan from; drops positions that do not fit the log on disk."""
+    oldest = Position(segments[0], 0)
+    if positions is None:
+        return None, oldest
+    usable = (
+        len(positions.cursors) == n_classes
+        and positions.working_start.segment >= segments[0]
+        and positions.consistent.segment <= segments[-1]
+        and all(c.segment >= segments[0] for c in positions.cursors)
+    )
+    if not usable:
+        return None, oldest
+    return positions, min(positions.working_start, positions.consistent)
+
+
+def recover(
+    fs: FileSystem,
+    root: str,
+    *,
+    n_classes: int,
+    crash_limit: int,
+    clock: Callable[[], float],
+    class_for_attempts: Callable[[int], int],
+    dry_run: bool = False,
+) -> RecoveredState:
+    """Scan what must be scanned and decide every message that was in flight."""
+    started = time.monotonic()
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    segments = list_segments(fs, log_dir)
+    if not segments:
+        first = Position(1, fmt.SEGMENT_HEADER_SIZE)
+        report = RecoveryReport(False, None, 0, 0, 0, 0, 0, 0, 0, None, 0, 0.0)
+        return RecoveredState(1, 1, [first] * n_classes, set(), {}, first, [], [], report)
+    for prev, nxt in zip(segments, segments[1:], strict=False):
+        if nxt != prev + 1:
+            raise CorruptSpool(
+                os.path.join(log_dir, fmt.segment_name(prev + 1)), 0, "segment file is missing"
+            )
+    positions, start = _scan_start(load_positions(fs, root), segments, n_classes)
+    if positions is not None and positions.front.segment > segments[0]:
+        # Segments below the garbage front were retired; a crash interrupted their deletion.
+        segments = [s for s in segments if s >= positions.front.segment] or segments[-1:]
+    consistent = positions.consistent if positions else Position(segments[0], 0)
+    cursor = LogCursor(
+        fs, log_dir, start, durable_end=consistent, newest_segment=segments[-1]
+    )
+    working: dict[str, _Working] = {}
+    superseded: set[Position] = set(positions.superseded) if positions else set()
+    body_refs: dict[int, int] = dict(positions.body_refs) if positions else {}
+    records = 0
+    try:
+        for pos, frame in cursor:
+            records += 1
+            if isinstance(frame, SkippedBody) or frame.type in (fmt.T_BODY, fmt.T_PAD):
+                continue
+            try:
+                record = rec.decode(frame.type, frame.payload)
+            except rec.RecordError as exc:
+                raise CorruptSpool(cursor.path(pos.segment), pos.offset, str(exc)) from None
+            _apply(record, pos, frame.size, pos >= consistent, working, superseded, body_refs)
+    finally:
+        cursor.close()
+    torn = cursor.torn
+    if torn is not None and not dry_run:
+        _cut_torn_tail(fs, log_dir, torn.at)
+    cursors = list(positions.cursors) if positions else [Position(segments[0], 0)] * n_classes
+    low = min(cursors)
+    superseded = {p for p in superseded if p >= low}
+    to_write, held = _decide_all(
+        fs, log_dir, working, superseded, crash_limit, clock(), class_for_attempts
+    )
+    live = [w.start_at for w in working.values() if not w.settled]
+    report = RecoveryReport(
+        positions_used=positions is not None,
+        scanned_from=start,
+        records_scanned=records,
+        bytes_scanned=cursor.bytes_read,
+        working_found=len(live),
+        replacements_written=sum(isinstance(r, rec.Envelope) for r in to_write),
+        finishes_written=sum(isinstance(r, rec.Finish) for r in to_write),
+        held_for_crash_loop=held,
+        torn_bytes_cut=torn.bytes if torn else 0,
+        torn_at=torn.at if torn else None,
+        segments=len(segments),
+        seconds=time.monotonic() - started,
+    )
+    outcome_front = positions.outcome_front if positions else Position(segments[0], 0)
+    return RecoveredState(
+        next_segment=segments[-1] + 1,
+        first_segment=segments[0],
+        cursors=cursors,
+        superseded=superseded,
+        body_refs=body_refs,
+        outcome_front=outcome_front,
+        to_write=to_write,
+        working_at=live,
+        report=report,
+    )
+
+
+def _apply(
+    record: rec.Record,
+    pos: Position,
+    size: int,
+    after_consistent: bool,
+    working: dict[str, _Working],
+    superseded: set[Position],
+    body_refs: dict[int, int],
+) -> None:
+    """Fold one scanned record into the recovery state."""
+    if isinstance(record, rec.Start):
+        working[record.msg_id] = _Working(pos, record.envelope_at, record.klass)
+        superseded.add(record.envelope_at)
+    elif isinstance(record, rec.Delta):
+        w = working.get(record.msg_id)
+        if w is not None and not w.settled and record.status != rec.DEFERRED:
+            for r in record.recipients:
+                w.delivered[r] = (record.status, record.reply, record.at)
+    elif isinstance(record, rec.Envelope):
+        if record.supersedes is not None:
+            superseded.add(record.supersedes)
+            w = working.get(record.msg_id)
+            if w is not None:
+                w.settled = True
+        elif after_consistent and record.body.kind == rec.BODY_INLINE:
+            body_at = Position(pos.segment, pos.offset + size)
+            body_refs[body_at.segment] = body_refs.get(body_at.segment, 0) + 1
+    elif isinstance(record, rec.Finish):
+        w = working.get(record.msg_id)
+        if w is not None:
+            w.settled = True
+        if after_consistent and record.body.kind == rec.BODY_INLINE:
+            assert record.body.at is not None
+            seg = record.body.at.segment
+            body_refs[seg] = body_refs.get(seg, 0) - 1
+
+
+def _decide_all(
+    fs: FileSystem,
+    log_dir: str,
+    working: dict[str, _Working],
+    superseded: set[Position],
+    crash_limit: int,
+    now: float,
+    class_for_attempts: Callable[[int], int],
+) -> tuple[list[rec.Record], int]:
+    """Records that settle every message left in flight, in start-record order."""
+    out: list[rec.Record] = []
+    held = 0
+    for msg_id, w in sorted(working.items(), key=lambda kv: kv[1].start_at):
+        if w.settled:
+            continue
+        frame = read_frame_at(fs, log_dir, w.envelope_at)
+        env = rec.decode(frame.type, frame.payload)
+        if not isinstance(env, rec.Envelope) or env.msg_id != msg_id:
+            path = os.path.join(log_dir, fmt.segment_name(w.envelope_at.segment))
+            raise CorruptSpool(path, w.envelope_at.offset, f"start of {msg_id} names no envelope")
+        body = resolve_body(env, w.envelope_at, frame.size)
+        outcomes = env.outcomes + tuple(
+            rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items()
+        )
+        remaining = tuple(r for r in env.recipients if r not in w.delivered)
+        crashes = env.crashes + 1
+        case = decide(False, bool(remaining), crashes >= crash_limit)
+        if case.decision is Decision.FINISH:
+            out.append(rec.Finish(msg_id, now, body, outcomes, "all recipients settled"))
+            continue
+        hold = case.decision is Decision.HOLD
+        out.append(
+            rec.Envelope(
+                msg_id=msg_id,
+                sender=env.sender,
+                recipients=remaining,
+                accepted_at=env.accepted_at,
+                written_at=now,
+                body=body,
+                attempts=env.attempts + 1,
+                klass=class_for_attempts(env.attempts + 1),
+                held=f"crash loop: in flight at {crashes} crashes" if hold else env.held,
+                crashes=crashes,
+                supersedes=w.envelope_at,
+                outcomes=outcomes,
+                last_reply=env.last_reply,
+            )
+        )
+        held += hold
+    return out, held
+
+
+def resolve_body(env: rec.Envelope, envelope_at: Position, envelope_size: int) -> rec.BodyRef:
+    """The envelope's body reference with an absolute position for an inline body."""
+    if env.body.kind == rec.BODY_INLINE and env.body.at is None:
+        at = Position(envelope_at.segment, envelope_at.offset + envelope_size)
+        return rec.BodyRef(rec.BODY_INLINE, env.body.size, at)
+    return env.body
+
+
+def _cut_torn_tail(fs: FileSystem, log_dir: str, at: Position) -> None:
+    """Remove a torn tail: truncate the newest segment, or remove it if its header is torn."""
+    path = os.path.join(log_dir, fmt.segment_name(at.segment))
+    if at.offset < fmt.SEGMENT_HEADER_SIZE:
+        # Created but never synced with a frame in it: nothing in it was acknowledged.
+        # A crash before the directory fsync brings the file back; we remove it again.
+        fs.unlink(path)
+        fs.fsync_dir(log_dir)
+        return
+    fd = fs.open(path, os.O_WRONLY)
+    try:
+        # A crash before the fdatasync may leave the torn bytes; the next recovery finds
+        # the same tail (the writer starts a new segment and never appends here) and cuts
+        # it again.
+        fs.ftruncate(fd, at.offset)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)

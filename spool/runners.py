@@ -1,0 +1,103 @@
+"""Queue runners: one cursor per retry class, walking the log behind its head.
+
+Runner ``k`` trails the head of the log by ``interval[k]``: it looks at a record only once
+``written_at + interval[k] <= now``. It picks up the envelopes of class ``k`` (the last
+runner also takes any higher class, so shrinking ``retry_intervals`` strands nothing) and
+steps over everything else: other classes, start/delta/finish records, and BODY frames,
+whose payload it never reads. Runner 0 (interval 0) follows the head: fresh mail.
+
+An envelope is *superseded* when a later record replaced it. The runner of its class
+passing it is the usual superseder (it writes the start record as it passes); anything
+else that supersedes an envelope ahead of its runner (an operator action, recovery)
+adds the envelope's position to the shared ``superseded`` set, which runners consult and
+which is pruned once every cursor has passed an entry. It is small: bounded by the
+operator actions and recoveries of the last longest retry interval.
+
+Memory: one envelope of look-ahead per runner. The queue itself stays on disk.
+Not thread-safe: the spool calls runners with its lock held.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from spool import format as fmt
+from spool import records as rec
+from spool.errors import CorruptSpool
+from spool.framing import Frame
+from spool.fs import FileSystem
+from spool.reader import LogCursor
+from spool.records import Envelope, Position
+
+
+@attrs.frozen
+class NotDue:
+    """The runner's next envelope becomes due at ``at`` (clock time)."""
+
+    at: float
+
+
+IDLE = None  # the runner is at the durable end of the log
+
+
+class Runner:
+    """The cursor of retry class ``klass``."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        log_dir: str,
+        klass: int,
+        interval: float,
+        last: bool,
+        start: Position,
+    ) -> None:
+        self.klass = klass
+        self.interval = interval
+        self.last = last
+        self._reader = LogCursor(fs, log_dir, start, skip_bodies=True, chunk_size=64 * 1024)
+        self._peek: tuple[Position, Envelope, int] | None = None
+        self.envelopes_seen = 0
+
+    @property
+    def cursor(self) -> Position:
+        """The next record this runner has not dealt with."""
+        return self._peek[0] if self._peek is not None else self._reader.position
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def owns(self, env: Envelope) -> bool:
+        return env.klass == self.klass or (self.last and env.klass > self.klass)
+
+    def next_due(
+        self, now: float, limit: Position, superseded: set[Position]
+    ) -> tuple[Position, Envelope, int] | NotDue | None:
+        """The next due, live envelope of this runner's class, ``NotDue``, or ``IDLE``.
+
+        Returns (position, envelope, frame size). The runner moves past what it returns:
+        the caller must act on it (start an attempt, re-append it, or expire it).
+        """
+        while True:
+            if self._peek is None:
+                item = self._reader.next(limit)
+                if item is None:
+                    return IDLE
+                pos, frame = item
+                if not isinstance(frame, Frame) or frame.type != fmt.T_ENVELOPE:
+                    continue
+                try:
+                    env = rec.decode(frame.type, frame.payload)
+                except rec.RecordError as exc:
+                    raise CorruptSpool(self._reader.path(pos.segment), pos.offset, str(exc)) from None
+                assert isinstance(env, Envelope)
+                self._peek = (pos, env, frame.size)
+            pos, env, size = self._peek
+            due = env.written_at + self.interval
+            if due > now:
+                return NotDue(due)
+            self._peek = None
+            self.envelopes_seen += 1
+            if pos in superseded or not self.owns(env):
+                continue
+            return pos, env, size

@@ -1,0 +1,774 @@
+"""The ``Spool`` facade: accept, claim, report, checkpoint. What delivery agents embed.
+
+A ``Spool`` owns one spool directory (see ``lock.py``). Opening it runs recovery
+(``recovery.py``), starts the log writer on a fresh segment (``writer.py``) and one queue
+runner per retry class (``runners.py``). Everything is thread-safe: many threads accept,
+many attempts are in flight at once.
+
+Commit points (docs/design.md numbers the invariants):
+    ``accept`` returns after the fdatasync covering the envelope (and its inline body, or
+    after the body file's own fsyncs) returned: from then on no crash loses the message.
+    ``Attempt.delivered``/``failed`` return after the fdatasync covering their delta:
+    from then on no crash lets those recipients be attempted again.
+    Start records, deferred deltas, replacement envelopes and finish records are
+    bookkeeping: written without waiting, flushed with the next batch. A crash that loses
+    them is repaired by recovery from the start record and the durable deltas.
+
+Crash safety:
+    The spool writes through the writer (log), ``bodies.py`` (large bodies),
+    ``positions.py`` (restart positions) and the segment deletion in ``_collect_garbage``;
+    each argues its own crash behaviour where it writes.
+
+Errors:
+    Bad input raises an ``InvalidMessage`` subclass before anything is written. Disk
+    errors make the spool fail-stop (``SpoolFailed``); low free space refuses new mail
+    with ``DiskFull`` while deliveries go on.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final
+
+import attrs
+
+from spool import format as fmt
+from spool import records as rec
+from spool.addresses import check_mailbox, check_sender
+from spool.bodies import read_body, write_body_file
+from spool.errors import (
+    BadSpoolDirectory,
+    DiskFull,
+    InvalidMessage,
+    MessageTooLarge,
+    SpoolClosed,
+    SpoolError,
+)
+from spool.framing import encode_frame
+from spool.fs import FileSystem
+from spool.lock import OwnerLock
+from spool.positions import RestartPositions, store_positions
+from spool.reader import list_segments
+from spool.recovery import RecoveredState, RecoveryReport, recover, resolve_body
+from spool.records import Position
+from spool.runners import NotDue, Runner
+from spool.writer import LogWriter
+
+MINUTE: Final = 60.0
+HOUR: Final = 3600.0
+DAY: Final = 86400.0
+
+# Retry classes after the first attempt: 5 min, 15 min, 30 min, 1 h, 2 h, then every 4 h
+# until max_lifetime. Close to Postfix (300 s doubling to 4000 s) and Exim's default
+# (15 min for 2 h, then growing to 6 h). docs/design.md, "Retry classes".
+DEFAULT_RETRY_INTERVALS: Final = (5 * MINUTE, 15 * MINUTE, 30 * MINUTE, HOUR, 2 * HOUR, 4 * HOUR)
+DEFAULT_MAX_LIFETIME: Final = 5 * DAY
+DEFAULT_SEGMENT_SIZE: Final = 64 * 1024 * 1024
+DEFAULT_INLINE_BODY_MAX: Final = 1024 * 1024
+DEFAULT_MAX_MESSAGE_SIZE: Final = 50 * 1024 * 1024
+DEFAULT_MAX_RECIPIENTS: Final = 1000
+
+UNREPORTED_REPLY: Final = "451 4.4.0 delivery attempt ended without a result"
+EXPIRED_REPLY: Final = "554 5.4.7 message expired: too long in the queue"
+
+
+@attrs.frozen
+class MessageEnvelope:
+    """What a delivery agent sees of a message it is attempting. Plain values only."""
+
+    msg_id: str
+    sender: str
+    recipients: tuple[str, ...]
+    attempts: int
+    accepted_at: float
+    body_size: int
+
+
+@attrs.frozen
+class SpoolStatistics:
+    """Counters since open, for monitoring and the benchmarks."""
+
+    accepted: int
+    delivered: int
+    failed: int
+    deferred: int
+    expired: int
+    fsyncs: int
+    batches: int
+    frames: int
+    frames_per_fsync_mean: float
+    bytes_written: int
+    segments: int
+    segments_deleted: int
+    in_flight: int
+    checkpoints: int
+
+
+@attrs.define
+class _InFlight:
+    """Spool-side state of one attempt."""
+
+    envelope: rec.Envelope
+    envelope_at: Position
+    body: rec.BodyRef
+    start_at: Position
+    unreported: set[str]
+    outcomes: list[rec.Outcome]
+    deferred: dict[str, str]
+    closed: bool = False
+
+
+class Attempt:
+    """One delivery attempt on one message, handed out by ``Spool.claim``.
+
+    Report each recipient once: ``delivered`` and ``failed`` are durable when they return,
+    ``deferred`` is not (a deferred recipient is retried whatever happens). Leaving the
+    ``with`` block (or ``close``) writes the replacement envelope for what remains, or the
+    finish record. Recipients not reported by then count as deferred; so do those of an
+    attempt that is garbage-collected without being closed. Thread-safe.
+    """
+
+    def __init__(self, spool: Spool, state: _InFlight) -> None:
+        self._spool = spool
+        self._state = state
+        env = state.envelope
+        self.envelope = MessageEnvelope(
+            env.msg_id, env.sender, env.recipients, env.attempts, env.accepted_at, env.body.size
+        )
+
+    @property
+    def msg_id(self) -> str:
+        return self.envelope.msg_id
+
+    def read_data(self) -> bytes:
+        """The message body (header and data as accepted)."""
+        self._spool._check_attempt(self._state)
+        return read_body(self._spool._fs, self._spool.path, self.msg_id, self._state.body)
+
+    def delivered(self, recipients: Iterable[str], reply: str) -> None:
+        """These recipients were delivered. Durable on return: never attempted again."""
+        self._spool._report(self._state, rec.DELIVERED, recipients, reply)
+
+    def failed(self, recipients: Iterable[str], reply: str) -> None:
+        """These recipients failed permanently (5xx). Durable on return."""
+        self._spool._report(self._state, rec.FAILED, recipients, reply)
+
+    def deferred(self, recipients: Iterable[str], reply: str) -> None:
+        """These recipients failed temporarily (4xx); they are retried later."""
+        self._spool._report(self._state, rec.DEFERRED, recipients, reply)
+
+    def close(self) -> None:
+        """End the attempt (idempotent). Called by ``with``; see the class docstring."""
+        self._spool._close_attempt(self._state)
+
+    def __enter__(self) -> Attempt:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Never take locks in a finalizer: hand the state to the spool, which closes it
+        # from a normal thread (next claim, checkpoint or close).
+        with contextlib.suppress(Exception):
+            if not self._state.closed:
+                self._spool._abandoned.append(self._state)
+
+
+class Spool:
+    """An open, owned spool directory. Create with ``Spool.open``."""
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("use Spool.open(path, ...)")
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        retry_intervals: Iterable[float] = DEFAULT_RETRY_INTERVALS,
+        max_lifetime: float = DEFAULT_MAX_LIFETIME,
+        clock: Callable[[], float] = time.time,
+        max_in_flight: int = 10_000,
+        max_recipients: int = DEFAULT_MAX_RECIPIENTS,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        inline_body_max: int = DEFAULT_INLINE_BODY_MAX,
+        min_free_bytes: int = 0,
+        sync_every: int = 1000,
+        sync_interval: float = 1.0,
+        checkpoint_interval: float = 30.0,
+        crash_limit: int = 3,
+        fs: FileSystem | None = None,
+    ) -> Spool:
+        """Open (creating or recovering) the spool at ``path``. docs/api.md lists options.
+
+        Sizes are in bytes, times in seconds. ``clock`` gives the time used for retry
+        scheduling and timestamps; tests inject one. ``fs`` is the file-system seam.
+        """
+        self = object.__new__(cls)
+        self._init(
+            os.fspath(path),
+            fs or FileSystem(),
+            segment_size=segment_size,
+            retry_intervals=tuple(float(i) for i in retry_intervals),
+            max_lifetime=float(max_lifetime),
+            clock=clock,
+            max_in_flight=max_in_flight,
+            max_recipients=max_recipients,
+            max_message_size=max_message_size,
+            inline_body_max=inline_body_max,
+            min_free_bytes=min_free_bytes,
+            sync_every=sync_every,
+            sync_interval=sync_interval,
+            checkpoint_interval=checkpoint_interval,
+            crash_limit=crash_limit,
+        )
+        return self
+
+    # --- opening -----------------------------------------------------------------------
+
+    def _init(
+        self,
+        path: str,
+        fs: FileSystem,
+        *,
+        segment_size: int,
+        retry_intervals: tuple[float, ...],
+        max_lifetime: float,
+        clock: Callable[[], float],
+        max_in_flight: int,
+        max_recipients: int,
+        max_message_size: int,
+        inline_body_max: int,
+        min_free_bytes: int,
+        sync_every: int,
+        sync_interval: float,
+        checkpoint_interval: float,
+        crash_limit: int,
+    ) -> None:
+        if not retry_intervals or any(i <= 0 for i in retry_intervals):
+            raise ValueError("retry_intervals must be a non-empty list of positive seconds")
+        if max_in_flight < 1 or crash_limit < 1 or max_recipients < 1:
+            raise ValueError("max_in_flight, crash_limit and max_recipients must be >= 1")
+        self.path = path
+        self._fs = fs
+        self._clock = clock
+        self.retry_intervals = retry_intervals
+        self.max_lifetime = max_lifetime
+        self._max_in_flight = max_in_flight
+        self._max_recipients = max_recipients
+        self._max_message_size = max_message_size
+        self._inline_body_max = inline_body_max
+        self._min_free_bytes = min_free_bytes
+        self._checkpoint_interval = checkpoint_interval
+        self._log_dir = os.path.join(path, fmt.LOG_DIR)
+        self._body_dir = os.path.join(path, fmt.BODY_DIR)
+        self._prepare_directory()
+        self._owner = OwnerLock(fs, os.path.join(path, fmt.LOCK_NAME), path)
+        try:
+            self._recover_and_start(segment_size, sync_every, sync_interval, crash_limit)
+        except BaseException:
+            self._owner.release()
+            raise
+
+    def _prepare_directory(self) -> None:
+        """Create the spool directory (0700) or check an existing one is ours and private."""
+        path = self.path
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            parent = os.path.dirname(os.path.abspath(path))
+            os.makedirs(parent, mode=0o755, exist_ok=True)
+            # A crash after this mkdir leaves an empty directory: a valid empty spool.
+            self._fs.mkdir(path, 0o700)
+            st = os.stat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise BadSpoolDirectory(path, "exists and is not a directory")
+        if st.st_uid != os.geteuid():
+            raise BadSpoolDirectory(
+                path, f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+            )
+        if st.st_mode & 0o022:
+            raise BadSpoolDirectory(
+                path, f"mode {stat.S_IMODE(st.st_mode):04o} lets others write; chmod 700 it"
+            )
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise BadSpoolDirectory(path, "not writable by this user (read-only file system?)")
+        for sub in (fmt.LOG_DIR, fmt.BODY_DIR):
+            sub_path = os.path.join(path, sub)
+            if not os.path.isdir(sub_path):
+                # A crash before the fsync below may lose the new directory; the next open
+                # creates it again. Nothing is written into it before this fsync returns.
+                self._fs.mkdir(sub_path, 0o700)
+                self._fs.fsync_dir(path)
+
+    def _recover_and_start(
+        self, segment_size: int, sync_every: int, sync_interval: float, crash_limit: int
+    ) -> None:
+        n_classes = len(self.retry_intervals) + 1
+        state = recover(
+            self._fs,
+            self.path,
+            n_classes=n_classes,
+            crash_limit=crash_limit,
+            clock=self._clock,
+            class_for_attempts=self._class_for_attempts,
+        )
+        self.recovery: RecoveryReport = state.report
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._checkpoint_lock = threading.Lock()
+        self._abandoned: collections.deque[_InFlight] = collections.deque()
+        self._in_flight: dict[str, _InFlight] = {}
+        self._superseded: set[Position] = state.superseded
+        self._body_refs: dict[int, int] = dict(state.body_refs)
+        self._outcome_front = state.outcome_front
+        self._first_segment = state.first_segment
+        self._closed = False
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._free_checked_at = -1.0
+        self._free_ok = True
+        self._prefer_incoming = True
+        self._deferred_turn = 0
+        self._last_written_at = 0.0
+        self._writer = LogWriter(
+            self._fs,
+            self._log_dir,
+            first_segment=state.next_segment,
+            segment_size=segment_size,
+            sync_every=sync_every,
+            sync_interval=sync_interval,
+            on_durable=self._on_durable,
+        )
+        intervals = (0.0, *self.retry_intervals)
+        self._runners = [
+            Runner(self._fs, self._log_dir, k, iv, k == len(intervals) - 1, state.cursors[k])
+            for k, iv in enumerate(intervals)
+        ]
+        self._write_recovery_records(state)
+        self.checkpoint()
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, name="spool-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
+
+    def _write_recovery_records(self, state: RecoveredState) -> None:
+        """Append what recovery decided; durable before the spool serves anything."""
+        if not state.to_write:
+            return
+        frames = b"".join(encode_frame(*rec.encode(r)) for r in state.to_write)
+        with self._lock:
+            for r in state.to_write:
+                if isinstance(r, rec.Envelope) and r.supersedes is not None:
+                    self._superseded.add(r.supersedes)
+                if isinstance(r, rec.Finish):
+                    self._release_body(r.body)
+            # A crash before this is durable leaves the same start records unsettled:
+            # the next recovery decides them again (decision table, case R1/R2).
+            _, end = self._writer.enqueue(frames)
+        self._writer.wait_durable(end)
+
+    # --- accepting ---------------------------------------------------------------------
+
+    def accept(self, sender: str, recipients: Iterable[str], data: bytes) -> str:
+        """Queue a message; return its id once it is on stable storage.
+
+        Raises ``InvalidAddress``, ``MessageTooLarge`` or ``InvalidMessage`` for bad input
+        and ``DiskFull`` under ``min_free_bytes``; in each case nothing is written.
+        Thread-safe; concurrent calls share fsyncs.
+        """
+        check_sender(sender)
+        rcpts = self._check_recipients(recipients)
+        if not isinstance(data, bytes):
+            raise InvalidMessage(f"data must be bytes, not {type(data).__name__}")
+        if len(data) > self._max_message_size:
+            raise MessageTooLarge(
+                f"message of {len(data)} bytes exceeds max_message_size "
+                f"({self._max_message_size} bytes)"
+            )
+        self._check_open()
+        self._check_free_space()
+        now = self._now()
+        msg_id = f"{int(now) & 0xFFFFFFFF:08X}{secrets.randbits(32):08X}"
+        if len(data) > self._inline_body_max:
+            body = write_body_file(self._fs, self._body_dir, msg_id, data)
+        else:
+            body = rec.BodyRef(rec.BODY_INLINE, len(data))
+        env = rec.Envelope(msg_id, sender, rcpts, accepted_at=now, written_at=now, body=body)
+        env_frame = encode_frame(*rec.encode(env))
+        frames = env_frame
+        if body.kind == rec.BODY_INLINE:
+            frames += encode_frame(fmt.T_BODY, rec.encode_body(msg_id, data))
+        with self._lock:
+            start, end = self._writer.enqueue(frames)
+            if body.kind == rec.BODY_INLINE:
+                self._body_refs[start.segment] = self._body_refs.get(start.segment, 0) + 1
+            self._counts["accepted"] += 1
+        self._writer.wait_durable(end)  # the commit point of accept
+        return msg_id
+
+    def _check_recipients(self, recipients: Iterable[str]) -> tuple[str, ...]:
+        if isinstance(recipients, str | bytes):
+            raise InvalidMessage("recipients must be a list of addresses, not one string")
+        rcpts = tuple(recipients)
+        if not rcpts:
+            raise InvalidMessage("a message needs at least one recipient")
+        if len(rcpts) > self._max_recipients:
+            raise MessageTooLarge(
+                f"{len(rcpts)} recipients exceed max_recipients ({self._max_recipients})"
+            )
+        for r in rcpts:
+            check_mailbox(r)
+        if len(set(rcpts)) != len(rcpts):
+            dupes = sorted({r for r in rcpts if rcpts.count(r) > 1})
+            raise InvalidMessage(f"duplicate recipients: {', '.join(dupes)}")
+        return rcpts
+
+    def _check_free_space(self) -> None:
+        if self._min_free_bytes <= 0:
+            return
+        now = time.monotonic()
+        if now - self._free_checked_at > 0.25:
+            self._free_ok = self._fs.free_bytes(self.path) >= self._min_free_bytes
+            self._free_checked_at = now
+        if not self._free_ok:
+            raise DiskFull(
+                f"free space in {self.path} is under min_free_bytes ({self._min_free_bytes}); "
+                "new mail is refused for now (answer 452), deliveries go on"
+            )
+
+    # --- claiming ----------------------------------------------------------------------
+
+    def claim(self, timeout: float | None = None) -> Attempt | None:
+        """The next due message as an ``Attempt``, or None.
+
+        With ``timeout`` (seconds) waits that long for work to become due. Fair between
+        fresh and deferred mail; never hands a message to two attempts at once.
+        """
+        deadline = time.monotonic() + (timeout or 0.0)
+        with self._lock:
+            while True:
+                self._check_open()
+                self._close_abandoned()
+                attempt_or_wake = self._try_claim()
+                if isinstance(attempt_or_wake, Attempt):
+                    return attempt_or_wake
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                if attempt_or_wake is not None:
+                    left = min(left, max(0.001, attempt_or_wake - self._clock()))
+                self._cond.wait(left)
+
+    def attempts(self, poll: float = 1.0) -> Iterator[Attempt]:
+        """Yield attempts forever, until the spool closes (for worker loops)."""
+        while True:
+            try:
+                attempt = self.claim(timeout=poll)
+            except SpoolClosed:
+                return
+            if attempt is not None:
+                yield attempt
+
+    def _runner_order(self) -> list[Runner]:
+        """Alternate fresh and deferred mail; round-robin among the deferred classes."""
+        deferred = self._runners[1:]
+        k = self._deferred_turn % len(deferred)
+        rotated = deferred[k:] + deferred[:k]
+        if self._prefer_incoming:
+            return [self._runners[0], *rotated]
+        return [*rotated, self._runners[0]]
+
+    def _try_claim(self) -> Attempt | float | None:
+        """Start an attempt, or return when the next envelope is due (None: no work known)."""
+        if len(self._in_flight) >= self._max_in_flight:
+            return None
+        now = self._now()
+        limit = self._writer.durable
+        wake: float | None = None
+        for runner in self._runner_order():
+            while True:
+                found = runner.next_due(now, limit, self._superseded)
+                if found is None:
+                    break
+                if isinstance(found, NotDue):
+                    wake = found.at if wake is None else min(wake, found.at)
+                    break
+                pos, env, size = found
+                if env.msg_id in self._in_flight or env.held is not None:
+                    continue  # held: skipped until released (re-appended by the last runner)
+                state = self._start(pos, env, size, now)
+                if env.accepted_at + self.max_lifetime <= now:
+                    self._expire(state, now)
+                    continue
+                if runner.klass == 0:
+                    self._prefer_incoming = False
+                else:
+                    self._prefer_incoming = True
+                    self._deferred_turn = runner.klass
+                return Attempt(self, state)
+        return wake
+
+    def _start(self, pos: Position, env: rec.Envelope, size: int, now: float) -> _InFlight:
+        """Write the start record (supersedes the envelope) and track the attempt."""
+        body = resolve_body(env, pos, size)
+        start = rec.Start(env.msg_id, pos, env.klass, now)
+        # Not waited for: if a crash loses it, the envelope is still live and is attempted
+        # again; deltas that depend on it come later in the log and so are lost with it.
+        start_at, _ = self._writer.enqueue(encode_frame(*rec.encode(start)))
+        state = _InFlight(env, pos, body, start_at, set(env.recipients), [], {})
+        self._in_flight[env.msg_id] = state
+        return state
+
+    def _expire(self, state: _InFlight, now: float) -> None:
+        """Fail every pending recipient of a message past ``max_lifetime``."""
+        rcpts = tuple(sorted(state.unreported))
+        delta = rec.Delta(state.envelope.msg_id, rec.FAILED, rcpts, EXPIRED_REPLY, now)
+        self._writer.enqueue(encode_frame(*rec.encode(delta)))
+        state.outcomes.extend(rec.Outcome(r, rec.FAILED, EXPIRED_REPLY, now) for r in rcpts)
+        state.unreported.clear()
+        self._counts["expired"] += 1
+        self._counts["failed"] += len(rcpts)
+        self._settle(state, now, "expired")
+
+    # --- reporting ---------------------------------------------------------------------
+
+    def _check_attempt(self, state: _InFlight) -> None:
+        self._check_open()
+        if state.closed:
+            raise SpoolClosed(f"the attempt on {state.envelope.msg_id} is closed")
+
+    def _report(
+        self, state: _InFlight, status: str, recipients: Iterable[str], reply: str
+    ) -> None:
+        if isinstance(recipients, str):
+            raise ValueError("recipients must be a list of addresses, not one string")
+        rcpts = tuple(recipients)
+        if not isinstance(reply, str):
+            raise ValueError("reply must be a str (the server's reply text)")
+        now = self._now()
+        with self._lock:
+            self._check_attempt(state)
+            if not rcpts:
+                raise ValueError("no recipients given")
+            for r in rcpts:
+                if r not in state.unreported:
+                    known = r in state.envelope.recipients
+                    why = "was already reported in this attempt" if known else "is not pending"
+                    raise ValueError(f"recipient {r!r} {why} for {state.envelope.msg_id}")
+            if len(set(rcpts)) != len(rcpts):
+                raise ValueError("a recipient is listed twice")
+            delta = rec.Delta(state.envelope.msg_id, status, rcpts, reply, now)
+            _, end = self._writer.enqueue(encode_frame(*rec.encode(delta)))
+            state.unreported.difference_update(rcpts)
+            if status == rec.DEFERRED:
+                state.deferred.update(dict.fromkeys(rcpts, reply))
+            else:
+                state.outcomes.extend(rec.Outcome(r, status, reply, now) for r in rcpts)
+            self._counts[status] += len(rcpts)
+        if status != rec.DEFERRED:
+            self._writer.wait_durable(end)  # the commit point of delivered()/failed()
+
+    def _close_attempt(self, state: _InFlight) -> None:
+        with self._lock:
+            if state.closed or self._closed:
+                return
+            now = self._now()
+            if state.unreported:
+                rcpts = tuple(sorted(state.unreported))
+                delta = rec.Delta(state.envelope.msg_id, rec.DEFERRED, rcpts, UNREPORTED_REPLY, now)
+                self._writer.enqueue(encode_frame(*rec.encode(delta)))
+                state.deferred.update(dict.fromkeys(rcpts, UNREPORTED_REPLY))
+                state.unreported.clear()
+                self._counts["deferred"] += len(rcpts)
+            self._settle(state, now, "all recipients settled")
+
+    def _settle(self, state: _InFlight, now: float, reason: str) -> None:
+        """Write the replacement envelope or the finish record; the attempt is over.
+
+        Neither is waited for: until they are durable the start record is unsettled, and
+        recovery rebuilds the same outcome from the envelope and the durable deltas.
+        """
+        env = state.envelope
+        outcomes = env.outcomes + tuple(state.outcomes)
+        remaining = tuple(r for r in env.recipients if r in state.deferred)
+        record: rec.Record
+        if remaining:
+            attempts = env.attempts + 1
+            record = rec.Envelope(
+                msg_id=env.msg_id,
+                sender=env.sender,
+                recipients=remaining,
+                accepted_at=env.accepted_at,
+                written_at=now,
+                body=state.body,
+                attempts=attempts,
+                klass=self._class_for_attempts(attempts),
+                held=None,
+                crashes=0,
+                supersedes=state.envelope_at,
+                outcomes=outcomes,
+                last_reply=state.deferred[remaining[-1]],
+            )
+        else:
+            record = rec.Finish(env.msg_id, now, state.body, outcomes, reason)
+            self._release_body(state.body)
+        self._writer.enqueue(encode_frame(*rec.encode(record)))
+        state.closed = True
+        del self._in_flight[env.msg_id]
+        self._cond.notify_all()
+
+    def _release_body(self, body: rec.BodyRef) -> None:
+        if body.kind == rec.BODY_INLINE:
+            assert body.at is not None
+            self._body_refs[body.at.segment] -= 1
+
+    def _close_abandoned(self) -> None:
+        while self._abandoned:
+            self._close_attempt(self._abandoned.popleft())
+
+    # --- checkpoints and garbage -------------------------------------------------------
+
+    def checkpoint(self) -> RestartPositions:
+        """Write restart positions now (after syncing what they describe); free segments."""
+        with self._checkpoint_lock:
+            with self._lock:
+                self._check_open()
+                self._close_abandoned()
+                positions = self._capture_positions()
+            self._writer.sync()  # (P1): everything before positions.consistent is durable
+            store_positions(self._fs, self.path, positions)
+            self._counts["checkpoints"] += 1
+            self._collect_garbage(positions)
+            return positions
+
+    def _capture_positions(self) -> RestartPositions:
+        tail = self._writer.tail
+        cursors = tuple(r.cursor for r in self._runners)
+        working = min((s.start_at for s in self._in_flight.values()), default=tail)
+        low = min(cursors)
+        self._superseded = {p for p in self._superseded if p >= low}
+        pinned = [Position(seg, 0) for seg, n in self._body_refs.items() if n > 0]
+        front = min([*cursors, working, *pinned])
+        self._body_refs = {seg: n for seg, n in self._body_refs.items() if n}
+        return RestartPositions(
+            consistent=tail,
+            working_start=working,
+            cursors=cursors,
+            superseded=frozenset(self._superseded),
+            body_refs=dict(self._body_refs),
+            front=front,
+            outcome_front=self._outcome_front,
+            written_at=self._clock(),
+        )
+
+    def _collect_garbage(self, positions: RestartPositions) -> None:
+        """Delete segments wholly behind the garbage front (P3: after the positions)."""
+        doomed = [s for s in list_segments(self._fs, self._log_dir) if s < positions.front.segment]
+        for seg in doomed:
+            # The positions naming the front are durable (P2), so a crash at any point of
+            # this loop leaves only retired segments, which recovery ignores and the next
+            # checkpoint deletes.
+            self._fs.unlink(os.path.join(self._log_dir, fmt.segment_name(seg)))
+            self._counts["segments_deleted"] += 1
+        if doomed:
+            self._fs.fsync_dir(self._log_dir)
+            self._first_segment = positions.front.segment
+
+    def _checkpoint_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._cond.wait_for(lambda: self._closed, timeout=self._checkpoint_interval)
+                if self._closed:
+                    return
+            with contextlib.suppress(SpoolError):
+                self.checkpoint()
+
+    # --- introspection and lifecycle ---------------------------------------------------
+
+    def statistics(self) -> SpoolStatistics:
+        """Counters since open (thread-safe)."""
+        w = self._writer.stats()
+        with self._lock:
+            c = self._counts
+            segments = len(list_segments(self._fs, self._log_dir))
+            return SpoolStatistics(
+                accepted=c["accepted"],
+                delivered=c["delivered"],
+                failed=c["failed"],
+                deferred=c["deferred"],
+                expired=c["expired"],
+                fsyncs=w.fsyncs,
+                batches=w.batches,
+                frames=w.frames,
+                frames_per_fsync_mean=w.frames / w.fsyncs if w.fsyncs else 0.0,
+                bytes_written=w.bytes_written,
+                segments=segments,
+                segments_deleted=c["segments_deleted"],
+                in_flight=len(self._in_flight),
+                checkpoints=c["checkpoints"],
+            )
+
+    def sync(self) -> None:
+        """Make everything written so far durable (bookkeeping records included)."""
+        self._check_open()
+        self._writer.sync()
+
+    def close(self) -> None:
+        """Close open attempts (their unreported recipients are deferred), sync, unlock.
+
+        Not needed for safety (crash-only: a kill is as good as a close), but a clean
+        close leaves nothing in flight for the next open to recover.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            for state in list(self._in_flight.values()):
+                self._close_attempt(state)
+            self._close_abandoned()
+        with contextlib.suppress(SpoolError):
+            self.checkpoint()
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+        self._checkpointer.join()
+        self._writer.close()
+        for runner in self._runners:
+            runner.close()
+        self._owner.release()
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SpoolClosed(f"spool {self.path} is closed; open it again to continue")
+
+    def _now(self) -> float:
+        """Clock time, never earlier than the last time written (the log stays ordered)."""
+        now = self._clock()
+        if now < self._last_written_at:
+            now = self._last_written_at
+        self._last_written_at = now
+        return now
+
+    def _class_for_attempts(self, attempts: int) -> int:
+        return min(attempts, len(self.retry_intervals))
+
+    def _on_durable(self, _end: Position) -> None:
+        with self._lock:
+            self._cond.notify_all()
+

@@ -1,0 +1,314 @@
+"""The log writer: every append goes through here, and concurrent durable appends share fsyncs.
+
+Group commit, after LevelDB's ``DBImpl::Write``. ``append`` assigns the frames their
+position under the writer lock and queues them. A durable caller then waits until the
+durable end passes its frames; the first waiter that finds no flush running becomes the
+leader: it takes every queued frame, pads the batch to a sector boundary, writes it with
+one ``pwrite`` per segment touched, ``fdatasync``s once, and wakes everyone. Non-durable
+appends (start, deferred deltas, replacement envelopes, finish) ride along with the next
+batch, or a background flusher writes them every ``sync_every`` frames or
+``sync_interval`` seconds, whichever comes first (NSQ diskqueue's SyncEvery/SyncTimeout).
+
+Commit point: ``accept()`` and ``delivered()``/``failed()`` commit at the instant the
+``fdatasync`` covering their frame returns. Before that a crash may lose the frame (and
+the caller has not been told it is safe); after it no crash can.
+
+Crash safety (the invariants are numbered in docs/design.md):
+    (W1) A frame's caller is woken as durable only after an fdatasync covering the frame
+         returned; a new segment also needs its directory entry fsynced first.
+    (W2) Each batch is one write per segment starting at a sector boundary and padded to
+         one, so no write touches a sector an earlier fsync made durable.
+    (W3) A new segment file is created only after every earlier segment is fully
+         fdatasynced, so a torn frame can only be in the newest segment.
+    (W4) Frames are never rewritten; the file only grows.
+
+Errors:
+    Any OSError from write or fsync puts the writer in a sticky failed state: the waiting
+    callers and every later caller get ``SpoolFailed`` (no retry of a failed fsync: the
+    page cache may already have dropped the dirty pages). Reopening the spool recovers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import attrs
+from crc32c import crc32c
+
+from spool import format as fmt
+from spool.errors import SpoolClosed, SpoolFailed
+from spool.framing import padding_for
+from spool.fs import FileSystem
+from spool.records import Position
+
+
+def segment_header(number: int) -> bytes:
+    """The 32-byte header that opens segment ``number``."""
+    body = fmt.SEGMENT_HEADER.pack(
+        fmt.SEGMENT_MAGIC, fmt.FORMAT_VERSION, fmt.SEGMENT_HEADER_SIZE, number, 0, 0
+    )[:-4]
+    return body + crc32c(body).to_bytes(4, "little")
+
+
+@attrs.define
+class _Chunk:
+    """Queued bytes for one segment, starting at ``offset``."""
+
+    segment: int
+    offset: int
+    parts: list[bytes]
+    size: int = 0
+
+
+@attrs.frozen
+class WriterStats:
+    """Counters since open, for ``Spool.statistics()``."""
+
+    fsyncs: int
+    batches: int
+    frames: int
+    bytes_written: int
+    segments_created: int
+
+
+class LogWriter:
+    """Appends frames to the segment files of ``log_dir``. Thread-safe.
+
+    ``first_segment`` is the number the writer creates on its first batch: the spool
+    starts a fresh segment at every open, so recovery never appends after a cut tail.
+    ``on_durable`` is called (outside the lock) with the new durable end after every batch.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        log_dir: str,
+        *,
+        first_segment: int,
+        segment_size: int,
+        sync_every: int = 1000,
+        sync_interval: float = 1.0,
+        on_durable: Callable[[Position], None] | None = None,
+    ) -> None:
+        assert first_segment >= 1 and segment_size > fmt.SEGMENT_HEADER_SIZE
+        self._fs = fs
+        self._dir = log_dir
+        self._segment_size = segment_size
+        self._sync_every = sync_every
+        self._sync_interval = sync_interval
+        self._on_durable = on_durable
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._pending: list[_Chunk] = [
+            _Chunk(first_segment, 0, [segment_header(first_segment)], fmt.SEGMENT_HEADER_SIZE)
+        ]
+        self._pending_frames = 0
+        self._tail = Position(first_segment, fmt.SEGMENT_HEADER_SIZE)
+        # Nothing of the first segment exists yet: its start is "durable" vacuously.
+        self._durable = Position(first_segment, 0)
+        self._fd: int | None = None
+        self._fd_segment = 0
+        self._flushing = False
+        self._failed: SpoolFailed | None = None
+        self._closed = False
+        self._fsyncs = self._batches = self._frames = self._bytes = self._created = 0
+        self._flusher = threading.Thread(target=self._flush_loop, name="spool-flusher", daemon=True)
+        self._flusher.start()
+
+    # --- public ------------------------------------------------------------------------
+
+    @property
+    def durable(self) -> Position:
+        """End of the durable prefix of the log (every frame before it survives a crash)."""
+        return self._durable
+
+    @property
+    def tail(self) -> Position:
+        """Where the next appended frame will go (queued frames included)."""
+        return self._tail
+
+    def append(self, frames: bytes, *, durable: bool) -> Position:
+        """Append encoded ``frames`` (one or more, kept contiguous) and return their start.
+
+        With ``durable`` the call returns only after an fdatasync covers the frames (W1);
+        otherwise they are written with the next batch. Raises ``SpoolFailed`` if the
+        writer has failed, ``SpoolClosed`` after ``close``.
+        """
+        start, end = self.enqueue(frames)
+        if durable:
+            self.wait_durable(end)
+        return start
+
+    def enqueue(self, frames: bytes) -> tuple[Position, Position]:
+        """Queue ``frames`` and return (start, end) without waiting for the disk.
+
+        Callers that must update their own state atomically with the position assignment
+        call this under their lock, then ``wait_durable(end)`` outside it.
+        """
+        with self._lock:
+            self._check_usable()
+            if self._tail.offset >= self._segment_size:
+                self._roll_locked()
+            start = self._tail
+            chunk = self._pending[-1] if self._pending else None
+            if chunk is None or chunk.segment != start.segment:
+                chunk = _Chunk(start.segment, start.offset, [])
+                self._pending.append(chunk)
+            chunk.parts.append(frames)
+            chunk.size += len(frames)
+            self._tail = Position(start.segment, start.offset + len(frames))
+            self._pending_frames += 1
+            if self._pending_frames >= self._sync_every:
+                self._cond.notify_all()
+            return start, self._tail
+
+    def wait_durable(self, end: Position) -> None:
+        """Return once every frame before ``end`` is durable; lead a flush if none runs."""
+        with self._lock:
+            self._wait_durable_locked(end)
+
+    def sync(self) -> Position:
+        """Write and fdatasync everything queued; return the durable end."""
+        with self._lock:
+            self._check_usable()
+            self._wait_durable_locked(self._tail)
+            return self._durable
+
+    def stats(self) -> WriterStats:
+        with self._lock:
+            return WriterStats(self._fsyncs, self._batches, self._frames, self._bytes, self._created)
+
+    def close(self) -> None:
+        """Flush what is queued (if the writer has not failed) and release the file."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._failed is None:
+                try:
+                    self._wait_durable_locked(self._tail)
+                except SpoolFailed:
+                    pass
+            self._closed = True
+            self._cond.notify_all()
+        self._flusher.join()
+        if self._fd is not None:
+            self._fs.close(self._fd)
+            self._fd = None
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._closed:
+            raise SpoolClosed("the spool is closed")
+
+    def _roll_locked(self) -> None:
+        """Start the next segment: queue its header; the file is created at flush time."""
+        nxt = self._tail.segment + 1
+        self._pending.append(_Chunk(nxt, 0, [segment_header(nxt)], fmt.SEGMENT_HEADER_SIZE))
+        self._tail = Position(nxt, fmt.SEGMENT_HEADER_SIZE)
+
+    def _wait_durable_locked(self, end: Position) -> None:
+        while self._durable < end:
+            if self._failed is not None:
+                raise self._failed
+            if self._flushing:
+                self._cond.wait()
+            else:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        """Leader: take the queue, write and fdatasync it with the lock released."""
+        if not self._pending or self._flushing:
+            return
+        last = self._pending[-1]
+        pad = padding_for(last.offset + last.size)  # (W2)
+        if pad:
+            last.parts.append(pad)
+            last.size += len(pad)
+            self._tail = Position(last.segment, last.offset + last.size)
+        batch, self._pending = self._pending, []
+        frames, self._pending_frames = self._pending_frames, 0
+        target = self._tail
+        self._flushing = True
+        self._lock.release()
+        error: OSError | None = None
+        written = 0
+        try:
+            for chunk in batch:
+                written += self._write_chunk(chunk)
+        except OSError as exc:
+            error = exc
+        finally:
+            self._lock.acquire()
+            self._flushing = False
+        if error is not None:
+            self._failed = SpoolFailed(
+                f"writing the log in {self._dir} failed: {error.strerror or error}",
+                error.errno,
+            )
+            self._cond.notify_all()
+            raise self._failed
+        self._batches += 1
+        self._frames += frames
+        self._bytes += written
+        self._durable = target
+        self._cond.notify_all()
+        if self._on_durable is not None:
+            self._lock.release()
+            try:
+                self._on_durable(target)
+            finally:
+                self._lock.acquire()
+
+    def _write_chunk(self, chunk: _Chunk) -> int:
+        """Write one segment's share of a batch and fdatasync it. Lock not held."""
+        data = b"".join(chunk.parts)
+        new_file = chunk.segment != self._fd_segment
+        if new_file:
+            # (W3): the previous segment's last batch was fdatasynced before this line runs
+            # (batches are written in order and each chunk is synced before the next).
+            # A crash right after the create leaves an empty or torn newest segment, which
+            # recovery removes: nothing in it was acknowledged.
+            path = os.path.join(self._dir, fmt.segment_name(chunk.segment))
+            fd = self._fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            if self._fd is not None:
+                self._fs.close(self._fd)
+            self._fd, self._fd_segment = fd, chunk.segment
+            self._created += 1
+        assert self._fd is not None
+        # A crash during this write leaves a torn tail in the newest segment (W3), cut off
+        # by recovery; nobody waiting on it has been told it is durable (W1).
+        self._fs.pwrite(self._fd, data, chunk.offset)
+        self._fs.fdatasync(self._fd)
+        self._fsyncs += 1
+        if new_file:
+            # The segment's directory entry must be durable before any frame in it is
+            # acknowledged (W1); a crash before this leaves the file possibly missing,
+            # which loses only unacknowledged frames.
+            self._fs.fsync_dir(self._dir)
+            self._fsyncs += 1
+        return len(data)
+
+    def _flush_loop(self) -> None:
+        """Background flusher: writes queued non-durable frames every N frames or T s."""
+        with self._lock:
+            while not self._closed and self._failed is None:
+                deadline = time.monotonic() + self._sync_interval
+                while (
+                    not self._closed
+                    and self._pending_frames < self._sync_every
+                    and time.monotonic() < deadline
+                ):
+                    self._cond.wait(max(0.0, deadline - time.monotonic()))
+                if self._closed or self._failed is not None:
+                    return
+                if self._pending_frames and not self._flushing:
+                    try:
+                        self._flush_locked()
+                    except SpoolFailed:
+                        return
