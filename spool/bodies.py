@@ -33,9 +33,9 @@ from spool.records import BODY_FILE, BODY_INLINE, BodyRef, Position, decode_body
 
 def body_file_header(data: bytes) -> bytes:
     """The 32-byte header of a body file holding ``data``."""
-    head = fmt.BODY_HEADER.pack(
-        fmt.BODY_MAGIC, fmt.FORMAT_VERSION, 0, len(data), crc32c(data), 0
-    )[:-4]
+    head = fmt.BODY_HEADER.pack(fmt.BODY_MAGIC, fmt.FORMAT_VERSION, 0, len(data), crc32c(data), 0)[
+        :-4
+    ]
     return head + crc32c(head).to_bytes(4, "little")
 
 

@@ -78,7 +78,7 @@ def padding_for(offset: int, sector: int = fmt.SECTOR) -> bytes:
     return pad_frame(gap)
 
 
-def parse_frame(buf: bytes | memoryview, offset: int) -> Frame | BadFrame | _NeedData:
+def parse_frame(buf: bytes | bytearray | memoryview, offset: int) -> Frame | BadFrame | _NeedData:
     """Parse the frame starting at ``offset`` of ``buf``.
 
     Returns ``NEED_DATA`` when ``buf`` ends before the frame does (also for a length field
@@ -102,7 +102,9 @@ def parse_frame(buf: bytes | memoryview, offset: int) -> Frame | BadFrame | _Nee
     return Frame(ftype, payload, end - offset)
 
 
-def peek_header(buf: bytes | memoryview, offset: int) -> tuple[int, int] | BadFrame | _NeedData:
+def peek_header(
+    buf: bytes | bytearray | memoryview, offset: int
+) -> tuple[int, int] | BadFrame | _NeedData:
     """(type, total size) of the frame at ``offset`` without checking its CRC.
 
     Used to step over a body frame whose payload the caller does not need; the caller

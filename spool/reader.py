@@ -141,9 +141,31 @@ class LogCursor:
         durable = self._durable_end
         newest = self._newest
         if (durable is None or at >= durable) and (newest is None or at.segment >= newest):
-            self.torn = TornTail(at, file_size, reason)
-            raise _Stop
+            if at.offset < fmt.SEGMENT_HEADER_SIZE or self._looks_torn(at.offset, file_size):
+                self.torn = TornTail(at, file_size, reason)
+                raise _Stop
+            reason += "; valid frames follow it, so this is damage, not a torn write"
         raise CorruptSpool(self.path(at.segment), at.offset, reason)
+
+    def _looks_torn(self, offset: int, file_size: int) -> bool:
+        """Whether bad bytes at ``offset`` look like an interrupted last write.
+
+        Under the fault model a torn write leaves whole sectors unwritten (zeros in a
+        freshly appended file). Batches start at sector boundaries, so damage is a tear
+        unless a valid frame starts at a later sector boundary with no all-zero sector
+        between the damage and it (etcd's ``isTornEntry`` reasons the same way).
+        """
+        assert self._fd is not None
+        sector = fmt.SECTOR
+        first = offset - offset % sector
+        data = self._fs.pread(self._fd, file_size - first, first)
+        zero = bytes(sector)
+        for rel in range(0, len(data), sector):
+            if rel > offset - first and isinstance(parse_frame(data, rel), Frame):
+                return False
+            if data[rel : rel + sector] == zero[: len(data) - rel]:
+                return True
+        return True
 
     def _fill(self, offset: int, need: int) -> None:
         assert self._fd is not None
@@ -152,9 +174,7 @@ class LogCursor:
         self._buf_offset = offset
         self.bytes_read += len(self._buf)
 
-    def next(
-        self, limit: Position | None = None
-    ) -> tuple[Position, Frame | SkippedBody] | None:
+    def next(self, limit: Position | None = None) -> tuple[Position, Frame | SkippedBody] | None:
         """The next frame and its position, or None at ``limit`` / end of the log.
 
         Sets ``torn`` (and returns None) when the log ends in a torn tail.
@@ -172,6 +192,7 @@ class LogCursor:
             if self._fd is None or self._fd_segment != pos.segment:
                 if not self._open(pos.segment):
                     return None
+                continue  # the position may have moved past the header
             assert self._fd is not None
             end_in_file = self._fs.size(self._fd)
             if limit is not None and limit.segment == pos.segment:

@@ -237,9 +237,7 @@ def encode(record: Record) -> tuple[int, bytes]:
         }
         return fmt.T_FINISH, cbor2.dumps(obj)
     assert isinstance(record, Control), record
-    return fmt.T_CONTROL, cbor2.dumps(
-        {"act": record.action, "tgt": record.target, "ts": record.at}
-    )
+    return fmt.T_CONTROL, cbor2.dumps({"act": record.action, "tgt": record.target, "ts": record.at})
 
 
 def _map(payload: bytes) -> dict[str, Any]:

@@ -29,6 +29,7 @@ Errors:
 from __future__ import annotations
 
 import enum
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -165,7 +166,7 @@ def recover(
         first = Position(1, fmt.SEGMENT_HEADER_SIZE)
         report = RecoveryReport(False, None, 0, 0, 0, 0, 0, 0, 0, None, 0, 0.0)
         return RecoveredState(1, 1, [first] * n_classes, set(), {}, first, [], [], report)
-    for prev, nxt in zip(segments, segments[1:], strict=False):
+    for prev, nxt in itertools.pairwise(segments):
         if nxt != prev + 1:
             raise CorruptSpool(
                 os.path.join(log_dir, fmt.segment_name(prev + 1)), 0, "segment file is missing"
@@ -175,9 +176,7 @@ def recover(
         # Segments below the garbage front were retired; a crash interrupted their deletion.
         segments = [s for s in segments if s >= positions.front.segment] or segments[-1:]
     consistent = positions.consistent if positions else Position(segments[0], 0)
-    cursor = LogCursor(
-        fs, log_dir, start, durable_end=consistent, newest_segment=segments[-1]
-    )
+    cursor = LogCursor(fs, log_dir, start, durable_end=consistent, newest_segment=segments[-1])
     working: dict[str, _Working] = {}
     superseded: set[Position] = set(positions.superseded) if positions else set()
     body_refs: dict[int, int] = dict(positions.body_refs) if positions else {}
@@ -196,7 +195,7 @@ def recover(
         cursor.close()
     torn = cursor.torn
     if torn is not None and not dry_run:
-        _cut_torn_tail(fs, log_dir, torn.at)
+        _cut_torn_tail(fs, root, log_dir, torn.at)
     cursors = list(positions.cursors) if positions else [Position(segments[0], 0)] * n_classes
     low = min(cursors)
     superseded = {p for p in superseded if p >= low}
@@ -329,9 +328,14 @@ def resolve_body(env: rec.Envelope, envelope_at: Position, envelope_size: int) -
     return env.body
 
 
-def _cut_torn_tail(fs: FileSystem, log_dir: str, at: Position) -> None:
-    """Remove a torn tail: truncate the newest segment, or remove it if its header is torn."""
+def _cut_torn_tail(fs: FileSystem, root: str, log_dir: str, at: Position) -> None:
+    """Remove a torn tail: truncate the newest segment, or remove it if its header is torn.
+
+    Torn bytes that are not all zeros are first copied to ``corrupt/`` so that nothing is
+    dropped unseen (Postfix's corrupt queue); the copy is named after segment and offset.
+    """
     path = os.path.join(log_dir, fmt.segment_name(at.segment))
+    _quarantine_tail(fs, root, path, at)
     if at.offset < fmt.SEGMENT_HEADER_SIZE:
         # Created but never synced with a frame in it: nothing in it was acknowledged.
         # A crash before the directory fsync brings the file back; we remove it again.
@@ -347,3 +351,27 @@ def _cut_torn_tail(fs: FileSystem, log_dir: str, at: Position) -> None:
         fs.fdatasync(fd)
     finally:
         fs.close(fd)
+
+
+def _quarantine_tail(fs: FileSystem, root: str, path: str, at: Position) -> None:
+    fd = fs.open(path, os.O_RDONLY)
+    try:
+        tail = fs.pread(fd, fs.size(fd) - at.offset, at.offset)
+    finally:
+        fs.close(fd)
+    if not tail.strip(b"\0"):
+        return
+    corrupt = os.path.join(root, fmt.CORRUPT_DIR)
+    if not os.path.isdir(corrupt):
+        fs.mkdir(corrupt, 0o700)
+    name = f"{os.path.basename(path)}.{at.offset}.torn"
+    out = fs.open(os.path.join(corrupt, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        # A crash before these syncs may lose the copy; the tail is still in the segment
+        # (it is cut only after this returns), so the next recovery copies it again.
+        fs.pwrite(out, tail, 0)
+        fs.fdatasync(out)
+    finally:
+        fs.close(out)
+    fs.fsync_dir(corrupt)
+    fs.fsync_dir(root)

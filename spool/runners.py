@@ -89,7 +89,9 @@ class Runner:
                 try:
                     env = rec.decode(frame.type, frame.payload)
                 except rec.RecordError as exc:
-                    raise CorruptSpool(self._reader.path(pos.segment), pos.offset, str(exc)) from None
+                    raise CorruptSpool(
+                        self._reader.path(pos.segment), pos.offset, str(exc)
+                    ) from None
                 assert isinstance(env, Envelope)
                 self._peek = (pos, env, frame.size)
             pos, env, size = self._peek

@@ -56,8 +56,8 @@ from spool.fs import FileSystem
 from spool.lock import OwnerLock
 from spool.positions import RestartPositions, store_positions
 from spool.reader import list_segments
-from spool.recovery import RecoveredState, RecoveryReport, recover, resolve_body
 from spool.records import Position
+from spool.recovery import RecoveredState, RecoveryReport, recover, resolve_body
 from spool.runners import NotDue, Runner
 from spool.writer import LogWriter
 
@@ -546,9 +546,7 @@ class Spool:
         if state.closed:
             raise SpoolClosed(f"the attempt on {state.envelope.msg_id} is closed")
 
-    def _report(
-        self, state: _InFlight, status: str, recipients: Iterable[str], reply: str
-    ) -> None:
+    def _report(self, state: _InFlight, status: str, recipients: Iterable[str], reply: str) -> None:
         if isinstance(recipients, str):
             raise ValueError("recipients must be a list of addresses, not one string")
         rcpts = tuple(recipients)
@@ -771,4 +769,3 @@ class Spool:
     def _on_durable(self, _end: Position) -> None:
         with self._lock:
             self._cond.notify_all()
-

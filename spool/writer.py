@@ -30,6 +30,7 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -179,7 +180,9 @@ class LogWriter:
 
     def stats(self) -> WriterStats:
         with self._lock:
-            return WriterStats(self._fsyncs, self._batches, self._frames, self._bytes, self._created)
+            return WriterStats(
+                self._fsyncs, self._batches, self._frames, self._bytes, self._created
+            )
 
     def close(self) -> None:
         """Flush what is queued (if the writer has not failed) and release the file."""
@@ -187,10 +190,8 @@ class LogWriter:
             if self._closed:
                 return
             if self._failed is None:
-                try:
+                with contextlib.suppress(SpoolFailed):
                     self._wait_durable_locked(self._tail)
-                except SpoolFailed:
-                    pass
             self._closed = True
             self._cond.notify_all()
         self._flusher.join()

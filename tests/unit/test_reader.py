@@ -1,0 +1,112 @@
+"""Reading the log: torn tail versus corruption is decided by the durable end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spool import format as fmt
+from spool.errors import CorruptSpool
+from spool.framing import Frame, encode_frame
+from spool.reader import LogCursor
+from spool.records import Position
+from spool.testing import CountingFS
+from spool.writer import LogWriter
+
+
+def _write(tmp_path: Path, n: int) -> list[Position]:
+    w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=1 << 20)
+    out = [w.append(encode_frame(fmt.T_CONTROL, b"x" * 100), durable=True) for _ in range(n)]
+    w.close()
+    return out
+
+
+def _frames(tmp_path: Path, durable_end: Position | None) -> tuple[int, LogCursor]:
+    cursor = LogCursor(CountingFS(), str(tmp_path), Position(1, 0), durable_end=durable_end)
+    n = sum(1 for _, f in cursor if isinstance(f, Frame) and f.type == fmt.T_CONTROL)
+    cursor.close()
+    return n, cursor
+
+
+def test_truncated_trailing_frame_is_a_torn_tail_not_an_error(tmp_path: Path) -> None:
+    positions = _write(tmp_path, 3)
+    seg = tmp_path / fmt.segment_name(1)
+    seg.write_bytes(seg.read_bytes()[: positions[2].offset + 50])
+    n, cursor = _frames(tmp_path, durable_end=None)
+    assert n == 2
+    assert cursor.torn is not None and cursor.torn.at == positions[2]
+
+
+def test_truncation_at_every_offset_of_the_last_frame_is_torn(tmp_path: Path) -> None:
+    positions = _write(tmp_path, 2)
+    seg = tmp_path / fmt.segment_name(1)
+    data = seg.read_bytes()
+    for cut in range(positions[1].offset + 1, positions[1].offset + 109):
+        seg.write_bytes(data[:cut])
+        n, cursor = _frames(tmp_path, durable_end=None)
+        assert n == 1 and cursor.torn is not None, cut
+
+
+def test_bad_crc_before_the_durable_end_is_reported_as_corruption(tmp_path: Path) -> None:
+    positions = _write(tmp_path, 3)
+    seg = tmp_path / fmt.segment_name(1)
+    data = bytearray(seg.read_bytes())
+    data[positions[1].offset + 20] ^= 0x40
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptSpool) as info:
+        _frames(tmp_path, durable_end=Position(1, len(data)))
+    assert info.value.offset == positions[1].offset
+    assert info.value.path.endswith(fmt.segment_name(1))
+
+
+def test_damaged_frame_in_an_older_segment_is_corruption_even_past_durable_end(
+    tmp_path: Path,
+) -> None:
+    w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=600)
+    for _ in range(10):
+        w.append(encode_frame(fmt.T_CONTROL, b"y" * 100), durable=True)
+    w.close()
+    seg = tmp_path / fmt.segment_name(1)
+    data = bytearray(seg.read_bytes())
+    data[fmt.SEGMENT_HEADER_SIZE + 30] ^= 1
+    seg.write_bytes(bytes(data))
+    cursor = LogCursor(CountingFS(), str(tmp_path), Position(1, 0), newest_segment=5)
+    with pytest.raises(CorruptSpool):
+        list(cursor)
+
+
+def test_bad_segment_header_is_reported(tmp_path: Path) -> None:
+    _write(tmp_path, 1)
+    seg = tmp_path / fmt.segment_name(1)
+    data = bytearray(seg.read_bytes())
+    data[0] = ord("X")
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptSpool, match="header"):
+        _frames(tmp_path, durable_end=Position(1, 600))
+
+
+def test_flip_in_newest_segment_with_later_batches_is_corruption(tmp_path: Path) -> None:
+    positions = _write(tmp_path, 4)  # each durable append is its own sector-aligned batch
+    seg = tmp_path / fmt.segment_name(1)
+    data = bytearray(seg.read_bytes())
+    data[positions[1].offset + 40] ^= 0x08
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptSpool, match="not a torn write"):
+        _frames(tmp_path, durable_end=None)
+
+
+def test_unwritten_sector_inside_the_last_batch_is_a_tear(tmp_path: Path) -> None:
+    """A batch whose middle sector never reached the disk, while a later sector did."""
+    w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=1 << 20)
+    w.append(encode_frame(fmt.T_CONTROL, b"first"), durable=True)
+    starts = [w.append(encode_frame(fmt.T_CONTROL, b"z" * 300), durable=False) for _ in range(8)]
+    w.close()
+    seg = tmp_path / fmt.segment_name(1)
+    data = bytearray(seg.read_bytes())
+    hole = starts[1].offset - starts[1].offset % fmt.SECTOR + fmt.SECTOR
+    data[hole : hole + fmt.SECTOR] = bytes(fmt.SECTOR)
+    seg.write_bytes(bytes(data))
+    n, cursor = _frames(tmp_path, durable_end=None)
+    assert cursor.torn is not None and cursor.torn.at.offset <= hole
+    assert 1 <= n < 9

@@ -1,0 +1,1 @@
+"""Developer tools for the spool project (not installed with the package)."""

@@ -1,0 +1,13 @@
+"""The benchmark harness: ``python -m tools.bench [--quick]``.
+
+Runs every workload against every system on the same file system, interleaved, and
+prints one table of medians. Modules:
+
+* ``systems``: the systems under test behind one interface (raw limit, file per message,
+  SQLite, persist-queue, spool), each counting its own sync calls where it can.
+* ``workloads``: durable accept with 1 and 32 producers, and the full lifecycle.
+* ``fsyncs``: counts the syncs of the SQLite-based systems with ``strace -c``.
+* ``restart``: time and memory to open a large spool, against a directory scan.
+* ``child``: the entry points the parent runs in subprocesses.
+* ``report``: medians, ratios, targets, the table and the JSON results.
+"""
