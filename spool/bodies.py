@@ -39,10 +39,17 @@ def body_file_header(data: bytes) -> bytes:
     return head + crc32c(head).to_bytes(4, "little")
 
 
-def write_body_file(fs: FileSystem, body_dir: str, msg_id: str, data: bytes) -> BodyRef:
-    """Write ``data`` durably to ``bodies/<msg_id>`` and return its reference."""
+def write_body_file(
+    fs: FileSystem, body_dir: str, msg_id: str, data: bytes, *, replace: bool = False
+) -> BodyRef:
+    """Write ``data`` durably to ``bodies/<msg_id>`` and return its reference.
+
+    ``replace`` overwrites a file left by an earlier promotion whose envelope a crash lost
+    (no durable envelope names such a file, so overwriting it is safe).
+    """
     path = os.path.join(body_dir, msg_id)
-    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL)
+    fd = fs.open(path, flags)
     try:
         # A crash before the fsyncs below leaves a partial or missing file that no
         # durable envelope names (the envelope comes after): an orphan, removed later.

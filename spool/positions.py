@@ -45,7 +45,8 @@ class RestartPositions:
     class. ``superseded``: envelopes ahead of some runner that something other than that
     runner superseded. ``body_refs``: per segment, live messages whose body is inline
     there. ``front``: the true-garbage front; segments before its segment are deletable.
-    ``outcome_front``: finish records before it have had their outcomes acknowledged.
+    ``outcome_front``: finish records before it have had their outcomes acknowledged;
+    ``outcome_acked``: messages whose finish lies after the front and was acknowledged.
     """
 
     consistent: Position
@@ -56,6 +57,7 @@ class RestartPositions:
     front: Position
     outcome_front: Position
     written_at: float
+    outcome_acked: frozenset[str] = frozenset()
 
     def to_json(self) -> str:
         obj: dict[str, Any] = {
@@ -67,6 +69,7 @@ class RestartPositions:
             "body_refs": {str(k): v for k, v in sorted(self.body_refs.items()) if v},
             "front": self.front.to_list(),
             "outcome_front": self.outcome_front.to_list(),
+            "outcome_acked": sorted(self.outcome_acked),
             "written_at": self.written_at,
         }
         return json.dumps(obj, separators=(",", ":"), sort_keys=True)
@@ -85,6 +88,7 @@ class RestartPositions:
             front=Position.from_obj(obj["front"]),
             outcome_front=Position.from_obj(obj["outcome_front"]),
             written_at=float(obj["written_at"]),
+            outcome_acked=frozenset(str(m) for m in obj["outcome_acked"]),
         )
 
 

@@ -129,6 +129,7 @@ class Envelope:
     supersedes: Position | None = None
     outcomes: tuple[Outcome, ...] = ()
     last_reply: str | None = None
+    promoted_from: Position | None = None
 
 
 @attrs.frozen
@@ -209,6 +210,8 @@ def encode(record: Record) -> tuple[int, bytes]:
             obj["out"] = [o.to_obj() for o in record.outcomes]
         if record.last_reply is not None:
             obj["reply"] = record.last_reply
+        if record.promoted_from is not None:
+            obj["prom"] = record.promoted_from.to_list()
         return fmt.T_ENVELOPE, cbor2.dumps(obj)
     if isinstance(record, Start):
         obj = {
@@ -297,6 +300,7 @@ def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
             supersedes=Position.from_obj(obj["sup"]) if "sup" in obj else None,
             outcomes=tuple(Outcome.from_obj(o) for o in obj.get("out", [])),
             last_reply=None if reply is None else _str(reply),
+            promoted_from=Position.from_obj(obj["prom"]) if "prom" in obj else None,
         )
     if ftype == fmt.T_START:
         return Start(

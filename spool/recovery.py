@@ -125,6 +125,8 @@ class RecoveredState:
     superseded: set[Position]
     body_refs: dict[int, int]
     outcome_front: Position
+    outcome_acked: set[str]
+    bodies_to_remove: list[str]
     to_write: list[rec.Record]
     working_at: list[Position]
     report: RecoveryReport
@@ -165,7 +167,9 @@ def recover(
     if not segments:
         first = Position(1, fmt.SEGMENT_HEADER_SIZE)
         report = RecoveryReport(False, None, 0, 0, 0, 0, 0, 0, 0, None, 0, 0.0)
-        return RecoveredState(1, 1, [first] * n_classes, set(), {}, first, [], [], report)
+        return RecoveredState(
+            1, 1, [first] * n_classes, set(), {}, first, set(), [], [], [], report
+        )
     for prev, nxt in itertools.pairwise(segments):
         if nxt != prev + 1:
             raise CorruptSpool(
@@ -180,6 +184,8 @@ def recover(
     working: dict[str, _Working] = {}
     superseded: set[Position] = set(positions.superseded) if positions else set()
     body_refs: dict[int, int] = dict(positions.body_refs) if positions else {}
+    acked: set[str] = set(positions.outcome_acked) if positions else set()
+    dead_bodies: list[str] = []
     records = 0
     try:
         for pos, frame in cursor:
@@ -190,7 +196,12 @@ def recover(
                 record = rec.decode(frame.type, frame.payload)
             except rec.RecordError as exc:
                 raise CorruptSpool(cursor.path(pos.segment), pos.offset, str(exc)) from None
-            _apply(record, pos, frame.size, pos >= consistent, working, superseded, body_refs)
+            after = pos >= consistent
+            _apply(record, pos, frame.size, after, working, superseded, body_refs)
+            if isinstance(record, rec.Control) and record.action == "outcome-ack":
+                acked.add(record.target)
+            elif isinstance(record, rec.Finish) and after and record.body.kind == rec.BODY_FILE:
+                dead_bodies.append(record.msg_id)
     finally:
         cursor.close()
     torn = cursor.torn
@@ -225,6 +236,8 @@ def recover(
         superseded=superseded,
         body_refs=body_refs,
         outcome_front=outcome_front,
+        outcome_acked=acked,
+        bodies_to_remove=dead_bodies,
         to_write=to_write,
         working_at=live,
         report=report,
@@ -255,6 +268,9 @@ def _apply(
             w = working.get(record.msg_id)
             if w is not None:
                 w.settled = True
+            if after_consistent and record.promoted_from is not None:
+                seg = record.promoted_from.segment
+                body_refs[seg] = body_refs.get(seg, 0) - 1
         elif after_consistent and record.body.kind == rec.BODY_INLINE:
             body_at = Position(pos.segment, pos.offset + size)
             body_refs[body_at.segment] = body_refs.get(body_at.segment, 0) + 1
@@ -277,6 +293,7 @@ def _decide_all(
     now: float,
     class_for_attempts: Callable[[int], int],
 ) -> tuple[list[rec.Record], int]:
+    last_class = class_for_attempts(1 << 30)
     """Records that settle every message left in flight, in start-record order."""
     out: list[rec.Record] = []
     held = 0
@@ -308,7 +325,7 @@ def _decide_all(
                 written_at=now,
                 body=body,
                 attempts=env.attempts + 1,
-                klass=class_for_attempts(env.attempts + 1),
+                klass=last_class if hold else class_for_attempts(env.attempts + 1),
                 held=f"crash loop: in flight at {crashes} crashes" if hold else env.held,
                 crashes=crashes,
                 supersedes=w.envelope_at,

@@ -27,8 +27,10 @@ Errors:
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -42,7 +44,7 @@ import attrs
 from spool import format as fmt
 from spool import records as rec
 from spool.addresses import check_mailbox, check_sender
-from spool.bodies import read_body, write_body_file
+from spool.bodies import read_body, read_inline_body, write_body_file
 from spool.errors import (
     BadSpoolDirectory,
     DiskFull,
@@ -54,8 +56,10 @@ from spool.errors import (
 from spool.framing import encode_frame
 from spool.fs import FileSystem
 from spool.lock import OwnerLock
+from spool.outcomes import MessageOutcome, OutcomeReader
 from spool.positions import RestartPositions, store_positions
-from spool.reader import list_segments
+from spool.queue_view import QueueEntry, history, live_messages
+from spool.reader import list_segments, read_frame_at
 from spool.records import Position
 from spool.recovery import RecoveredState, RecoveryReport, recover, resolve_body
 from spool.runners import NotDue, Runner
@@ -77,6 +81,8 @@ DEFAULT_MAX_RECIPIENTS: Final = 1000
 
 UNREPORTED_REPLY: Final = "451 4.4.0 delivery attempt ended without a result"
 EXPIRED_REPLY: Final = "554 5.4.7 message expired: too long in the queue"
+DELETED_REPLY: Final = "554 5.0.0 message deleted by the operator"
+LOCATE_RETRIES: Final = 20
 
 
 @attrs.frozen
@@ -109,6 +115,8 @@ class SpoolStatistics:
     segments_deleted: int
     in_flight: int
     checkpoints: int
+    bodies_promoted: int
+    deleted: int
 
 
 @attrs.define
@@ -123,6 +131,8 @@ class _InFlight:
     outcomes: list[rec.Outcome]
     deferred: dict[str, str]
     closed: bool = False
+    hold: str | None = None  # operator hold requested while in flight
+    delete: str | None = None  # operator delete requested while in flight
 
 
 class Attempt:
@@ -206,6 +216,9 @@ class Spool:
         sync_interval: float = 1.0,
         checkpoint_interval: float = 30.0,
         crash_limit: int = 3,
+        checkpoint_every: int = 100_000,
+        outcomes: bool = False,
+        archive_dir: str | os.PathLike[str] | None = None,
         fs: FileSystem | None = None,
     ) -> Spool:
         """Open (creating or recovering) the spool at ``path``. docs/api.md lists options.
@@ -230,6 +243,9 @@ class Spool:
             sync_interval=sync_interval,
             checkpoint_interval=checkpoint_interval,
             crash_limit=crash_limit,
+            checkpoint_every=checkpoint_every,
+            outcomes=outcomes,
+            archive_dir=None if archive_dir is None else os.fspath(archive_dir),
         )
         return self
 
@@ -253,6 +269,9 @@ class Spool:
         sync_interval: float,
         checkpoint_interval: float,
         crash_limit: int,
+        checkpoint_every: int,
+        outcomes: bool,
+        archive_dir: str | None,
     ) -> None:
         if not retry_intervals or any(i <= 0 for i in retry_intervals):
             raise ValueError("retry_intervals must be a non-empty list of positive seconds")
@@ -262,6 +281,8 @@ class Spool:
         self._fs = fs
         self._clock = clock
         self.retry_intervals = retry_intervals
+        self._last_class = len(retry_intervals)
+        self._longest_interval = max(retry_intervals)
         self.max_lifetime = max_lifetime
         self._max_in_flight = max_in_flight
         self._max_recipients = max_recipients
@@ -269,6 +290,9 @@ class Spool:
         self._inline_body_max = inline_body_max
         self._min_free_bytes = min_free_bytes
         self._checkpoint_interval = checkpoint_interval
+        self._checkpoint_every = checkpoint_every
+        self._track_outcomes = outcomes
+        self._archive_dir = archive_dir
         self._log_dir = os.path.join(path, fmt.LOG_DIR)
         self._body_dir = os.path.join(path, fmt.BODY_DIR)
         self._prepare_directory()
@@ -302,6 +326,8 @@ class Spool:
             )
         if not os.access(path, os.W_OK | os.X_OK):
             raise BadSpoolDirectory(path, "not writable by this user (read-only file system?)")
+        if self._archive_dir is not None and not os.path.isdir(self._archive_dir):
+            os.makedirs(self._archive_dir, mode=0o700, exist_ok=True)
         for sub in (fmt.LOG_DIR, fmt.BODY_DIR):
             sub_path = os.path.join(path, sub)
             if not os.path.isdir(sub_path):
@@ -330,7 +356,6 @@ class Spool:
         self._in_flight: dict[str, _InFlight] = {}
         self._superseded: set[Position] = state.superseded
         self._body_refs: dict[int, int] = dict(state.body_refs)
-        self._outcome_front = state.outcome_front
         self._first_segment = state.first_segment
         self._closed = False
         self._counts: collections.Counter[str] = collections.Counter()
@@ -339,6 +364,11 @@ class Spool:
         self._prefer_incoming = True
         self._deferred_turn = 0
         self._last_written_at = 0.0
+        self._since_checkpoint = 0
+        self._doomed_bodies: list[str] = list(state.bodies_to_remove)
+        self._outcomes = OutcomeReader(
+            self._fs, self._log_dir, state.outcome_front, state.outcome_acked
+        )
         self._writer = LogWriter(
             self._fs,
             self._log_dir,
@@ -370,7 +400,7 @@ class Spool:
                 if isinstance(r, rec.Envelope) and r.supersedes is not None:
                     self._superseded.add(r.supersedes)
                 if isinstance(r, rec.Finish):
-                    self._release_body(r.body)
+                    self._release_body(r.body, r.msg_id)
             # A crash before this is durable leaves the same start records unsettled:
             # the next recovery decides them again (decision table, case R1/R2).
             _, end = self._writer.enqueue(frames)
@@ -409,6 +439,7 @@ class Spool:
             frames += encode_frame(fmt.T_BODY, rec.encode_body(msg_id, data))
         with self._lock:
             start, end = self._writer.enqueue(frames)
+            self._since_checkpoint += 1
             if body.kind == rec.BODY_INLINE:
                 self._body_refs[start.segment] = self._body_refs.get(start.segment, 0) + 1
             self._counts["accepted"] += 1
@@ -503,8 +534,13 @@ class Spool:
                     wake = found.at if wake is None else min(wake, found.at)
                     break
                 pos, env, size = found
-                if env.msg_id in self._in_flight or env.held is not None:
-                    continue  # held: skipped until released (re-appended by the last runner)
+                if env.msg_id in self._in_flight:
+                    continue
+                if env.held is not None:
+                    # Held mail waits for release, but must not pin its segment: the
+                    # last runner, passing it, re-appends it at the head (envelope only).
+                    self._reappend(pos, env, size, now)
+                    continue
                 state = self._start(pos, env, size, now)
                 if env.accepted_at + self.max_lifetime <= now:
                     self._expire(state, now)
@@ -523,7 +559,7 @@ class Spool:
         start = rec.Start(env.msg_id, pos, env.klass, now)
         # Not waited for: if a crash loses it, the envelope is still live and is attempted
         # again; deltas that depend on it come later in the log and so are lost with it.
-        start_at, _ = self._writer.enqueue(encode_frame(*rec.encode(start)))
+        start_at, _ = self._enqueue(start)
         state = _InFlight(env, pos, body, start_at, set(env.recipients), [], {})
         self._in_flight[env.msg_id] = state
         return state
@@ -531,8 +567,7 @@ class Spool:
     def _expire(self, state: _InFlight, now: float) -> None:
         """Fail every pending recipient of a message past ``max_lifetime``."""
         rcpts = tuple(sorted(state.unreported))
-        delta = rec.Delta(state.envelope.msg_id, rec.FAILED, rcpts, EXPIRED_REPLY, now)
-        self._writer.enqueue(encode_frame(*rec.encode(delta)))
+        self._enqueue(rec.Delta(state.envelope.msg_id, rec.FAILED, rcpts, EXPIRED_REPLY, now))
         state.outcomes.extend(rec.Outcome(r, rec.FAILED, EXPIRED_REPLY, now) for r in rcpts)
         state.unreported.clear()
         self._counts["expired"] += 1
@@ -564,8 +599,7 @@ class Spool:
                     raise ValueError(f"recipient {r!r} {why} for {state.envelope.msg_id}")
             if len(set(rcpts)) != len(rcpts):
                 raise ValueError("a recipient is listed twice")
-            delta = rec.Delta(state.envelope.msg_id, status, rcpts, reply, now)
-            _, end = self._writer.enqueue(encode_frame(*rec.encode(delta)))
+            _, end = self._enqueue(rec.Delta(state.envelope.msg_id, status, rcpts, reply, now))
             state.unreported.difference_update(rcpts)
             if status == rec.DEFERRED:
                 state.deferred.update(dict.fromkeys(rcpts, reply))
@@ -582,8 +616,9 @@ class Spool:
             now = self._now()
             if state.unreported:
                 rcpts = tuple(sorted(state.unreported))
-                delta = rec.Delta(state.envelope.msg_id, rec.DEFERRED, rcpts, UNREPORTED_REPLY, now)
-                self._writer.enqueue(encode_frame(*rec.encode(delta)))
+                self._enqueue(
+                    rec.Delta(state.envelope.msg_id, rec.DEFERRED, rcpts, UNREPORTED_REPLY, now)
+                )
                 state.deferred.update(dict.fromkeys(rcpts, UNREPORTED_REPLY))
                 state.unreported.clear()
                 self._counts["deferred"] += len(rcpts)
@@ -596,38 +631,101 @@ class Spool:
         recovery rebuilds the same outcome from the envelope and the durable deltas.
         """
         env = state.envelope
+        if state.delete is not None:
+            self._fail_rest(state, state.delete, now)
+            reason = "deleted by the operator"
         outcomes = env.outcomes + tuple(state.outcomes)
         remaining = tuple(r for r in env.recipients if r in state.deferred)
         record: rec.Record
         if remaining:
             attempts = env.attempts + 1
+            klass = self._last_class if state.hold else self._class_for_attempts(attempts)
+            body, promoted_from = self._maybe_promote(env, state.body, klass, state.hold, now)
             record = rec.Envelope(
                 msg_id=env.msg_id,
                 sender=env.sender,
                 recipients=remaining,
                 accepted_at=env.accepted_at,
                 written_at=now,
-                body=state.body,
+                body=body,
                 attempts=attempts,
-                klass=self._class_for_attempts(attempts),
-                held=None,
+                klass=klass,
+                held=state.hold,
                 crashes=0,
                 supersedes=state.envelope_at,
                 outcomes=outcomes,
                 last_reply=state.deferred[remaining[-1]],
+                promoted_from=promoted_from,
             )
         else:
             record = rec.Finish(env.msg_id, now, state.body, outcomes, reason)
-            self._release_body(state.body)
-        self._writer.enqueue(encode_frame(*rec.encode(record)))
+            self._release_body(state.body, env.msg_id)
+        self._enqueue(record)
         state.closed = True
         del self._in_flight[env.msg_id]
         self._cond.notify_all()
 
-    def _release_body(self, body: rec.BodyRef) -> None:
+    def _fail_rest(self, state: _InFlight, reply: str, now: float) -> None:
+        """Fail every recipient still pending or deferred in this attempt (operator delete)."""
+        rcpts = tuple(sorted(state.unreported | set(state.deferred)))
+        if not rcpts:
+            return
+        self._enqueue(rec.Delta(state.envelope.msg_id, rec.FAILED, rcpts, reply, now))
+        state.outcomes.extend(rec.Outcome(r, rec.FAILED, reply, now) for r in rcpts)
+        state.unreported.clear()
+        state.deferred.clear()
+        self._counts["failed"] += len(rcpts)
+
+    def _maybe_promote(
+        self, env: rec.Envelope, body: rec.BodyRef, klass: int, held: str | None, now: float
+    ) -> tuple[rec.BodyRef, Position | None]:
+        """Move an inline body to its own file if it would otherwise pin an old segment.
+
+        The garbage front trails the head by about the longest retry interval; a message
+        whose next attempt comes later than that after its body was written (or a held
+        one) would hold the body's segment back. Its body is copied once to a body file,
+        and replacement envelopes refer to the file from then on (no copy at each retry).
+        """
+        if body.kind != rec.BODY_INLINE:
+            return body, None
+        due = now + (0.0 if klass == 0 else self.retry_intervals[klass - 1])
+        if held is None and due - env.accepted_at <= self._longest_interval:
+            return body, None
+        assert body.at is not None
+        data = read_inline_body(self._fs, self._log_dir, env.msg_id, body.at)
+        # Durable before the envelope naming it is appended (see bodies.py).
+        ref = write_body_file(self._fs, self._body_dir, env.msg_id, data, replace=True)
+        self._release_body(body, env.msg_id)
+        self._counts["bodies_promoted"] += 1
+        return ref, body.at
+
+    def _release_body(self, body: rec.BodyRef, msg_id: str) -> None:
+        """The message no longer uses this body: unpin its segment or doom its file."""
         if body.kind == rec.BODY_INLINE:
             assert body.at is not None
             self._body_refs[body.at.segment] -= 1
+        else:
+            # Unlinked at the next checkpoint, after the finish record is durable.
+            self._doomed_bodies.append(msg_id)
+
+    def _reappend(self, pos: Position, env: rec.Envelope, size: int, now: float) -> None:
+        """Copy a held envelope to the head of the log so that its segment can go."""
+        body, promoted_from = self._maybe_promote(
+            env, resolve_body(env, pos, size), env.klass, env.held, now
+        )
+        # Not waited for: if lost, the old envelope is still live and is re-appended again.
+        self._enqueue(
+            attrs.evolve(
+                env, written_at=now, body=body, supersedes=pos, promoted_from=promoted_from
+            )
+        )
+
+    def _enqueue(self, record: rec.Record) -> tuple[Position, Position]:
+        """Queue one record (not waited for); counts toward the next checkpoint."""
+        self._since_checkpoint += 1
+        if self._since_checkpoint == self._checkpoint_every:
+            self._cond.notify_all()
+        return self._writer.enqueue(encode_frame(*rec.encode(record)))
 
     def _close_abandoned(self) -> None:
         while self._abandoned:
@@ -636,13 +734,20 @@ class Spool:
     # --- checkpoints and garbage -------------------------------------------------------
 
     def checkpoint(self) -> RestartPositions:
-        """Write restart positions now (after syncing what they describe); free segments."""
+        """Write restart positions now (after syncing what they describe); free space.
+
+        Thread-safe; checkpoints run one at a time. Also run every ``checkpoint_interval``
+        seconds and every ``checkpoint_every`` records by a background thread.
+        """
         with self._checkpoint_lock:
             with self._lock:
                 self._check_open()
                 self._close_abandoned()
                 positions = self._capture_positions()
+                doomed, self._doomed_bodies = self._doomed_bodies, []
+                self._since_checkpoint = 0
             self._writer.sync()  # (P1): everything before positions.consistent is durable
+            self._remove_bodies(doomed)
             store_positions(self._fs, self.path, positions)
             self._counts["checkpoints"] += 1
             self._collect_garbage(positions)
@@ -654,41 +759,243 @@ class Spool:
         working = min((s.start_at for s in self._in_flight.values()), default=tail)
         low = min(cursors)
         self._superseded = {p for p in self._superseded if p >= low}
-        pinned = [Position(seg, 0) for seg, n in self._body_refs.items() if n > 0]
-        front = min([*cursors, working, *pinned])
         self._body_refs = {seg: n for seg, n in self._body_refs.items() if n}
+        pinned = [Position(seg, 0) for seg in self._body_refs]
+        if self._track_outcomes:
+            outcome_front = self._outcomes.front()
+            acked = self._outcomes.acked_ahead()
+            pinned.append(outcome_front)
+        else:
+            outcome_front, acked = tail, frozenset()
         return RestartPositions(
             consistent=tail,
             working_start=working,
             cursors=cursors,
             superseded=frozenset(self._superseded),
             body_refs=dict(self._body_refs),
-            front=front,
-            outcome_front=self._outcome_front,
+            front=min([*cursors, working, *pinned]),
+            outcome_front=outcome_front,
             written_at=self._clock(),
+            outcome_acked=acked,
         )
 
+    def _remove_bodies(self, msg_ids: list[str]) -> None:
+        """Unlink body files of finished messages; their finish records are durable now."""
+        for msg_id in msg_ids:
+            # A crash before the directory fsync may bring a file back: an orphan that
+            # no live envelope names; recovery removes the bodies of finishes it scans.
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.unlink(os.path.join(self._body_dir, msg_id))
+        if msg_ids:
+            self._fs.fsync_dir(self._body_dir)
+
     def _collect_garbage(self, positions: RestartPositions) -> None:
-        """Delete segments wholly behind the garbage front (P3: after the positions)."""
+        """Delete (or archive) segments wholly behind the garbage front (P3)."""
         doomed = [s for s in list_segments(self._fs, self._log_dir) if s < positions.front.segment]
         for seg in doomed:
             # The positions naming the front are durable (P2), so a crash at any point of
             # this loop leaves only retired segments, which recovery ignores and the next
-            # checkpoint deletes.
-            self._fs.unlink(os.path.join(self._log_dir, fmt.segment_name(seg)))
+            # checkpoint deletes (or archives) again.
+            path = os.path.join(self._log_dir, fmt.segment_name(seg))
+            if self._archive_dir is not None:
+                archive_file(self._fs, path, self._archive_dir)
+            else:
+                self._fs.unlink(path)
             self._counts["segments_deleted"] += 1
         if doomed:
             self._fs.fsync_dir(self._log_dir)
             self._first_segment = positions.front.segment
 
     def _checkpoint_loop(self) -> None:
+        """Background checkpoints: every ``checkpoint_interval`` s or ``checkpoint_every``
+        records."""
         while True:
             with self._lock:
-                self._cond.wait_for(lambda: self._closed, timeout=self._checkpoint_interval)
+                self._cond.wait_for(
+                    lambda: self._closed or self._since_checkpoint >= self._checkpoint_every,
+                    timeout=self._checkpoint_interval,
+                )
                 if self._closed:
                     return
             with contextlib.suppress(SpoolError):
                 self.checkpoint()
+
+    # --- outcomes ------------------------------------------------------------------------
+
+    def next_outcome(self, timeout: float | None = None) -> MessageOutcome | None:
+        """The next finished message whose outcome is not yet acknowledged, or None.
+
+        Needs ``Spool.open(..., outcomes=True)``. Acknowledge it with ``ack_outcome`` once
+        its bounce is sent; until then it is handed out again after a restart.
+        """
+        if not self._track_outcomes:
+            raise SpoolError("outcomes are not tracked: open the spool with outcomes=True")
+        deadline = time.monotonic() + (timeout or 0.0)
+        while True:
+            with self._lock:
+                self._check_open()
+                outcome = self._outcomes.next(self._writer.durable)
+                behind = self._writer.durable < self._writer.tail
+                left = deadline - time.monotonic()
+                if outcome is not None:
+                    return outcome
+                if not behind:
+                    if left <= 0:
+                        return None
+                    self._cond.wait(left)
+                    continue
+            # Finish records are bookkeeping, written without waiting; an outcome is
+            # handed out only once its finish is durable, so flush them now.
+            self._writer.sync()
+
+    def outcomes(self, poll: float = 1.0) -> Iterator[MessageOutcome]:
+        """Yield outcomes forever, until the spool closes."""
+        while True:
+            try:
+                outcome = self.next_outcome(timeout=poll)
+            except SpoolClosed:
+                return
+            if outcome is not None:
+                yield outcome
+
+    def ack_outcome(self, msg_id: str) -> None:
+        """Acknowledge an outcome handed out by ``next_outcome``. Durable on return."""
+        with self._lock:
+            self._check_open()
+            self._outcomes.ack(msg_id)
+            _, end = self._enqueue(rec.Control("outcome-ack", msg_id, self._now()))
+        self._writer.wait_durable(end)
+
+    # --- operator actions ----------------------------------------------------------------
+
+    def list(self) -> Iterator[QueueEntry]:
+        """The live messages (walks the live part of the log; for operators, not hot paths)."""
+        self.sync()
+        intervals = (0.0, *self.retry_intervals)
+        entries = live_messages(self._fs, self.path, intervals)
+        with self._lock:
+            active = set(self._in_flight)
+        for entry in sorted(entries.values(), key=lambda e: (e.accepted_at, e.msg_id)):
+            if entry.msg_id in active and entry.state != "active":
+                entry = attrs.evolve(entry, state="active")
+            yield entry
+
+    def show(self, msg_id: str) -> builtins.list[tuple[Position, rec.Record]]:
+        """Every record of ``msg_id`` still in the log. KeyError if there is none."""
+        self.sync()
+        found = history(self._fs, self.path, msg_id)
+        if not found:
+            raise KeyError(f"no message {msg_id} in the spool")
+        return found
+
+    def hold(self, msg_id: str, reason: str = "held by the operator") -> None:
+        """Stop attempting ``msg_id`` until ``release``. Durable on return. KeyError if unknown."""
+        self._operator_action(msg_id, "hold", reason)
+
+    def release(self, msg_id: str) -> None:
+        """Release a held message; it is due at once. ValueError if it is not held."""
+        self._operator_action(msg_id, "release", None)
+
+    def delete(self, msg_id: str, reason: str = DELETED_REPLY) -> None:
+        """Fail every pending recipient of ``msg_id`` with ``reason`` and finish it.
+
+        A message in flight is finished when its attempt ends: recipients it reports
+        delivered stay delivered, the rest fail.
+        """
+        self._operator_action(msg_id, "delete", reason)
+
+    def retry_now(self, msg_id: str | None = None) -> int:
+        """Make one deferred message (or all, with None) due now; return how many."""
+        if msg_id is not None:
+            return self._operator_action(msg_id, "retry", None)
+        self.sync()
+        intervals = (0.0, *self.retry_intervals)
+        count = 0
+        for entry in live_messages(self._fs, self.path, intervals).values():
+            if entry.state == "deferred":
+                with contextlib.suppress(KeyError):
+                    count += self._operator_action(entry.msg_id, "retry", None)
+        return count
+
+    def _operator_action(self, msg_id: str, action: str, reason: str | None) -> int:
+        """Find the live envelope of ``msg_id`` and supersede it; 1 if something changed."""
+        intervals = (0.0, *self.retry_intervals)
+        for _ in range(LOCATE_RETRIES):
+            self.sync()
+            entries = live_messages(self._fs, self.path, intervals)
+            entry = entries.get(msg_id)
+            with self._lock:
+                self._check_open()
+                state = self._in_flight.get(msg_id)
+                if state is not None:
+                    return self._mark_in_flight(state, action, reason)
+                if entry is None:
+                    raise KeyError(f"no message {msg_id} in the spool")
+                if not self._still_live(entry):
+                    continue  # a runner took it meanwhile: look again
+                end = self._supersede(entry, action, reason)
+            if end is None:
+                return 0
+            self._writer.wait_durable(end)
+            return 1
+        raise SpoolError(f"{msg_id} kept changing under the operator action; try again")
+
+    def _still_live(self, entry: QueueEntry) -> bool:
+        """Whether ``entry`` is still the message's live envelope (under the lock)."""
+        if entry.state == "active" or entry.envelope_at in self._superseded:
+            return False
+        runner = self._runners[min(entry.klass, self._last_class)]
+        return runner.cursor <= entry.envelope_at
+
+    def _mark_in_flight(self, state: _InFlight, action: str, reason: str | None) -> int:
+        if action == "hold":
+            state.hold = reason
+        elif action == "delete":
+            state.delete = reason
+        elif action == "release" and state.hold is not None:
+            state.hold = None
+        elif action == "release":
+            raise ValueError(f"{state.envelope.msg_id} is not held")
+        else:
+            return 0  # retry: it is being attempted right now
+        return 1
+
+    def _supersede(self, entry: QueueEntry, action: str, reason: str | None) -> Position | None:
+        """Write the record(s) an operator action needs; return the end to wait for."""
+        frame = read_frame_at(self._fs, self._log_dir, entry.envelope_at)
+        env = rec.decode(frame.type, frame.payload)
+        assert isinstance(env, rec.Envelope)
+        now = self._now()
+        pos = entry.envelope_at
+        if action == "delete":
+            state = self._start(pos, env, frame.size, now)
+            self._superseded.add(pos)
+            state.delete = reason
+            self._settle(state, now, "deleted by the operator")
+            self._counts["deleted"] += 1
+            return self._writer.tail
+        if action == "hold":
+            if env.held is not None:
+                return None
+            new = attrs.evolve(env, held=reason, klass=self._last_class)
+        elif action == "release":
+            if env.held is None:
+                raise ValueError(f"{env.msg_id} is not held")
+            new = attrs.evolve(env, held=None, klass=0, crashes=0)
+        else:
+            if env.held is not None or (env.klass == 0 and env.attempts == 0):
+                return None
+            new = attrs.evolve(env, klass=0)
+        body = resolve_body(env, pos, frame.size)
+        if new.held is not None:
+            body, promoted = self._maybe_promote(env, body, new.klass, new.held, now)
+        else:
+            promoted = None
+        new = attrs.evolve(new, written_at=now, supersedes=pos, body=body, promoted_from=promoted)
+        self._superseded.add(pos)
+        _, end = self._enqueue(new)
+        self._cond.notify_all()
+        return end
 
     # --- introspection and lifecycle ---------------------------------------------------
 
@@ -713,6 +1020,8 @@ class Spool:
                 segments_deleted=c["segments_deleted"],
                 in_flight=len(self._in_flight),
                 checkpoints=c["checkpoints"],
+                bodies_promoted=c["bodies_promoted"],
+                deleted=c["deleted"],
             )
 
     def sync(self) -> None:
@@ -741,6 +1050,7 @@ class Spool:
         self._writer.close()
         for runner in self._runners:
             runner.close()
+        self._outcomes.close()
         self._owner.release()
 
     def __enter__(self) -> Spool:
@@ -769,3 +1079,28 @@ class Spool:
     def _on_durable(self, _end: Position) -> None:
         with self._lock:
             self._cond.notify_all()
+
+
+def archive_file(fs: FileSystem, path: str, archive_dir: str) -> None:
+    """Move a retired segment into ``archive_dir`` (rename, or copy+unlink across devices).
+
+    A crash midway leaves the segment in the log directory (retired, archived again by the
+    next checkpoint) and possibly a complete or partial copy in the archive, overwritten
+    then: the archive copy is fsynced before the original is unlinked.
+    """
+    target = os.path.join(archive_dir, os.path.basename(path))
+    try:
+        fs.rename(path, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        with open(path, "rb") as src:
+            data = src.read()
+        fd = fs.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            fs.pwrite(fd, data, 0)
+            fs.fdatasync(fd)
+        finally:
+            fs.close(fd)
+        fs.unlink(path)
+    fs.fsync_dir(archive_dir)

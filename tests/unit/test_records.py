@@ -38,6 +38,7 @@ envelopes = st.builds(
     supersedes=st.none() | positions,
     outcomes=st.lists(outcomes, max_size=3).map(tuple),
     last_reply=st.none() | st.text(),
+    promoted_from=st.none() | positions,
 )
 records = st.one_of(
     envelopes,

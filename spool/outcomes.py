@@ -1,0 +1,90 @@
+"""Final outcomes of finished messages, for bounces (DSNs): read from the log, acked durably.
+
+A finish record carries every recipient's final status and last reply. When the spool is
+opened with ``outcomes=True``, an outcome reader walks the log like a queue runner and
+hands each finish to the agent (``Spool.next_outcome``); the agent acknowledges it
+(``Spool.ack_outcome``) once it has sent its bounce. Acknowledgements are control records,
+durable when ``ack_outcome`` returns.
+
+The outcome front is the earliest finish handed out but not acknowledged (or the reader's
+cursor). The restart positions record it together with the ids acknowledged ahead of it,
+so after a crash every unacknowledged outcome is handed out again and no acknowledged one
+is. Segments behind the front are kept, as they must be: an agent that never reads its
+outcomes pins the log, which is why tracking is opt-in.
+
+Not thread-safe: the spool calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from spool import format as fmt
+from spool import records as rec
+from spool.errors import CorruptSpool
+from spool.framing import Frame
+from spool.fs import FileSystem
+from spool.reader import LogCursor
+from spool.records import Position
+
+
+@attrs.frozen
+class MessageOutcome:
+    """The final result of one message: every recipient's status and last reply."""
+
+    msg_id: str
+    finished_at: float
+    reason: str
+    recipients: tuple[rec.Outcome, ...]
+
+    @property
+    def failed(self) -> tuple[rec.Outcome, ...]:
+        """The recipients a bounce must name."""
+        return tuple(o for o in self.recipients if o.status == rec.FAILED)
+
+
+class OutcomeReader:
+    """Walks finish records from the outcome front; tracks what is handed out and acked."""
+
+    def __init__(self, fs: FileSystem, log_dir: str, front: Position, acked: set[str]) -> None:
+        self._cursor = LogCursor(fs, log_dir, front, skip_bodies=True, chunk_size=64 * 1024)
+        self._pending: dict[str, Position] = {}
+        self._acked_ahead: dict[str, Position | None] = dict.fromkeys(acked)
+
+    def close(self) -> None:
+        self._cursor.close()
+
+    def next(self, limit: Position) -> MessageOutcome | None:
+        """The next unacknowledged outcome before ``limit``, or None."""
+        while (item := self._cursor.next(limit)) is not None:
+            pos, frame = item
+            if not isinstance(frame, Frame) or frame.type != fmt.T_FINISH:
+                continue
+            try:
+                record = rec.decode(frame.type, frame.payload)
+            except rec.RecordError as exc:
+                raise CorruptSpool(self._cursor.path(pos.segment), pos.offset, str(exc)) from None
+            assert isinstance(record, rec.Finish)
+            if record.msg_id in self._acked_ahead:
+                del self._acked_ahead[record.msg_id]
+                continue
+            self._pending[record.msg_id] = pos
+            return MessageOutcome(record.msg_id, record.at, record.reason, record.outcomes)
+        return None
+
+    def ack(self, msg_id: str) -> None:
+        """Record an acknowledgement (the caller writes the control record)."""
+        pos = self._pending.pop(msg_id, None)
+        if pos is None:
+            raise KeyError(f"no outcome of {msg_id} is waiting for an acknowledgement")
+        self._acked_ahead[msg_id] = pos
+
+    def front(self) -> Position:
+        """Finish records before this position have all been acknowledged."""
+        return min(self._pending.values(), default=self._cursor.position)
+
+    def acked_ahead(self) -> frozenset[str]:
+        """Acked messages whose finish lies at or after ``front()`` (pruned here)."""
+        front = self.front()
+        self._acked_ahead = {m: p for m, p in self._acked_ahead.items() if p is None or p >= front}
+        return frozenset(self._acked_ahead)

@@ -1,0 +1,140 @@
+"""A read-only view of the queue: the live messages and each message's history.
+
+Walks the log from the oldest segment on disk to its end, so it costs time in proportion
+to the live log and memory in proportion to the live messages: meant for operators
+(``list``, ``show``, ``stats``) and tests, not for the delivery path. It takes no lock and
+writes nothing, so it works beside a running owner: it reads what is on disk, stopping
+quietly at a torn or still-being-written tail.
+
+Errors:
+    ``CorruptSpool`` when a frame before the tail fails its check.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import attrs
+
+from spool import format as fmt
+from spool import records as rec
+from spool.errors import CorruptSpool
+from spool.framing import Frame
+from spool.fs import FileSystem
+from spool.reader import LogCursor, list_segments
+from spool.records import Position
+
+INCOMING = "incoming"
+DEFERRED = "deferred"
+ACTIVE = "active"
+HELD = "held"
+
+
+@attrs.frozen
+class QueueEntry:
+    """One live message as ``Spool.list()`` and ``spool list`` show it."""
+
+    msg_id: str
+    sender: str
+    recipients: tuple[str, ...]
+    accepted_at: float
+    attempts: int
+    klass: int
+    next_attempt_at: float
+    held: str | None
+    state: str
+    body_size: int
+    body_kind: str
+    envelope_at: Position
+    last_reply: str | None
+
+
+def walk(
+    fs: FileSystem, root: str, *, skip_bodies: bool = True
+) -> Iterator[tuple[Position, rec.Record | None, Frame | None]]:
+    """Every record of the log in order, as (position, record or None, frame).
+
+    Body and pad frames come back with record None (bodies only when ``skip_bodies`` is
+    False; otherwise they are stepped over). Stops quietly at a torn tail.
+    """
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    segments = list_segments(fs, log_dir)
+    if not segments:
+        return
+    cursor = LogCursor(
+        fs,
+        log_dir,
+        Position(segments[0], 0),
+        newest_segment=segments[-1],
+        skip_bodies=skip_bodies,
+    )
+    try:
+        for pos, frame in cursor:
+            if not isinstance(frame, Frame):
+                continue
+            if frame.type in (fmt.T_BODY, fmt.T_PAD):
+                yield pos, None, frame
+                continue
+            try:
+                record = rec.decode(frame.type, frame.payload)
+            except rec.RecordError as exc:
+                raise CorruptSpool(cursor.path(pos.segment), pos.offset, str(exc)) from None
+            yield pos, record, frame
+    finally:
+        cursor.close()
+
+
+def live_messages(fs: FileSystem, root: str, intervals: tuple[float, ...]) -> dict[str, QueueEntry]:
+    """The live messages by id. ``intervals[k]`` is retry class k's delay (class 0: 0)."""
+    live: dict[str, QueueEntry] = {}
+    for pos, record, frame in walk(fs, root):
+        if isinstance(record, rec.Envelope):
+            assert frame is not None
+            live[record.msg_id] = entry_for(record, pos, frame.size, intervals)
+        elif isinstance(record, rec.Start):
+            entry = live.get(record.msg_id)
+            if entry is not None and entry.envelope_at == record.envelope_at:
+                live[record.msg_id] = attrs.evolve(entry, state=ACTIVE)
+        elif isinstance(record, rec.Finish):
+            live.pop(record.msg_id, None)
+    return live
+
+
+def entry_for(
+    env: rec.Envelope, pos: Position, size: int, intervals: tuple[float, ...]
+) -> QueueEntry:
+    klass = min(env.klass, len(intervals) - 1)
+    if env.held is not None:
+        state = HELD
+    elif env.attempts == 0 and env.klass == 0:
+        state = INCOMING
+    else:
+        state = DEFERRED
+    return QueueEntry(
+        msg_id=env.msg_id,
+        sender=env.sender,
+        recipients=env.recipients,
+        accepted_at=env.accepted_at,
+        attempts=env.attempts,
+        klass=env.klass,
+        next_attempt_at=env.written_at + intervals[klass],
+        held=env.held,
+        state=state,
+        body_size=env.body.size,
+        body_kind=env.body.kind,
+        envelope_at=pos,
+        last_reply=env.last_reply,
+    )
+
+
+def history(fs: FileSystem, root: str, msg_id: str) -> list[tuple[Position, rec.Record]]:
+    """Every record of ``msg_id`` still in the log, oldest first."""
+    out = []
+    for pos, record, _frame in walk(fs, root):
+        if record is None:
+            continue
+        ident = record.target if isinstance(record, rec.Control) else record.msg_id
+        if ident == msg_id:
+            out.append((pos, record))
+    return out

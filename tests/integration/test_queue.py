@@ -1,0 +1,317 @@
+"""Queue runners, fairness, expiry, outcomes and operator actions, driven by a fake clock."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from spool import Spool, SpoolError
+from spool import format as fmt
+from spool.spool import DELETED_REPLY, EXPIRED_REPLY
+from spool.testing import FakeClock
+
+RCPTS = ["bob@example.net", "carol@example.com"]
+DATA = b"Subject: queue test\r\n\r\nbody\r\n"
+
+
+def defer_all(sp: Spool) -> str:
+    attempt = sp.claim()
+    assert attempt is not None
+    with attempt:
+        attempt.deferred(attempt.envelope.recipients, "451 4.3.0 later")
+    return attempt.msg_id
+
+
+def test_claim_alternates_between_fresh_and_deferred_mail(spool_dir: str, clock: FakeClock) -> None:
+    with Spool.open(spool_dir, clock=clock, retry_intervals=[60]) as sp:
+        old = [sp.accept("a@example.org", [f"old{i}@example.net"], DATA) for i in range(3)]
+        for _ in old:
+            defer_all(sp)
+        sp.sync()
+        clock.advance(61)
+        new = [sp.accept("a@example.org", [f"new{i}@example.net"], DATA) for i in range(3)]
+        order = []
+        while (attempt := sp.claim()) is not None:
+            order.append("new" if attempt.msg_id in new else "old")
+            attempt.delivered(attempt.envelope.recipients, "250 ok")
+            attempt.close()
+    assert sorted(order) == ["new"] * 3 + ["old"] * 3
+    assert all(a != b for a, b in zip(order, order[1:], strict=False)), order
+
+
+def test_max_in_flight_bounds_the_attempts_handed_out(spool_dir: str) -> None:
+    with Spool.open(spool_dir, max_in_flight=2) as sp:
+        for i in range(5):
+            sp.accept("a@example.org", [f"r{i}@example.net"], DATA)
+        first, second = sp.claim(), sp.claim()
+        assert first is not None and second is not None
+        assert sp.claim() is None
+        first.close()
+        third = sp.claim()
+        assert third is not None
+        second.close()
+        third.close()
+
+
+def test_concurrent_claims_never_share_a_message(spool_dir: str) -> None:
+    with Spool.open(spool_dir) as sp:
+        for i in range(200):
+            sp.accept("a@example.org", [f"r{i}@example.net"], DATA)
+        seen: list[str] = []
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while (attempt := sp.claim()) is not None:
+                with attempt:
+                    with lock:
+                        seen.append(attempt.msg_id)
+                    attempt.delivered(attempt.envelope.recipients, "250 ok")
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(seen) == 200 and len(set(seen)) == 200
+
+
+def test_claim_with_timeout_wakes_when_mail_arrives(spool_dir: str) -> None:
+    with Spool.open(spool_dir) as sp:
+        timer = threading.Timer(0.2, sp.accept, ("a@example.org", ["b@example.net"], DATA))
+        timer.start()
+        attempt = sp.claim(timeout=10)
+        timer.join()
+        assert attempt is not None
+        attempt.close()
+
+
+def test_attempts_iterator_ends_when_the_spool_closes(spool_dir: str) -> None:
+    sp = Spool.open(spool_dir)
+    sp.accept("a@example.org", ["b@example.net"], DATA)
+    got = []
+
+    def loop() -> None:
+        for attempt in sp.attempts(poll=0.05):
+            got.append(attempt.msg_id)
+            attempt.delivered(attempt.envelope.recipients, "250 ok")
+            attempt.close()
+
+    t = threading.Thread(target=loop)
+    t.start()
+    threading.Event().wait(0.3)
+    sp.close()
+    t.join(timeout=10)
+    assert not t.is_alive() and len(got) == 1
+
+
+def test_messages_past_max_lifetime_fail_with_a_reply_that_says_so(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    with Spool.open(
+        spool_dir, clock=clock, retry_intervals=[3600], max_lifetime=5000, outcomes=True
+    ) as sp:
+        msg_id = sp.accept("a@example.org", RCPTS, DATA)
+        attempt = sp.claim()
+        assert attempt is not None
+        with attempt:
+            attempt.delivered(["bob@example.net"], "250 ok")
+            attempt.deferred(["carol@example.com"], "451 later")
+        sp.sync()
+        clock.advance(3601)
+        assert sp.claim() is not None  # still within the lifetime: attempted
+        sp.close()
+    clock.advance(3601)
+    with Spool.open(
+        spool_dir, clock=clock, retry_intervals=[3600], max_lifetime=5000, outcomes=True
+    ) as sp:
+        assert sp.claim() is None  # expired on the runner's pass, not handed out
+        outcome = sp.next_outcome()
+        assert outcome is not None and outcome.msg_id == msg_id
+        statuses = {o.recipient: (o.status, o.reply) for o in outcome.recipients}
+        assert statuses == {
+            "bob@example.net": ("delivered", "250 ok"),
+            "carol@example.com": ("failed", EXPIRED_REPLY),
+        }
+        assert sp.statistics().expired == 1
+
+
+def test_outcomes_survive_a_restart_until_acknowledged(spool_dir: str) -> None:
+    with Spool.open(spool_dir, outcomes=True) as sp:
+        ids = [sp.accept("a@example.org", RCPTS, DATA) for _ in range(3)]
+        while (attempt := sp.claim()) is not None:
+            with attempt:
+                attempt.delivered(["bob@example.net"], "250 ok")
+                attempt.failed(["carol@example.com"], "550 5.1.1 unknown user")
+        sp.sync()
+        first = sp.next_outcome()
+        assert first is not None
+        assert [o.recipient for o in first.failed] == ["carol@example.com"]
+        sp.ack_outcome(first.msg_id)
+        second = sp.next_outcome()
+        assert second is not None  # handed out, never acknowledged
+        with pytest.raises(KeyError):
+            sp.ack_outcome("0000000000000000")
+    with Spool.open(spool_dir, outcomes=True) as sp:
+        again = [o.msg_id for o in iter(sp.next_outcome, None)]
+    assert sorted(again) == sorted(set(ids) - {first.msg_id})
+
+
+def test_outcomes_need_to_be_switched_on(sp: Spool) -> None:
+    with pytest.raises(SpoolError, match="outcomes=True"):
+        sp.next_outcome()
+
+
+def test_list_and_show_describe_the_live_queue(spool_dir: str, clock: FakeClock) -> None:
+    with Spool.open(spool_dir, clock=clock, retry_intervals=[300]) as sp:
+        fresh = sp.accept("a@example.org", RCPTS, DATA)
+        deferred = sp.accept("", ["x@example.net"], DATA)
+        done = sp.accept("a@example.org", ["y@example.net"], DATA)
+        attempts = {a.msg_id: a for a in iter(sp.claim, None)}
+        assert set(attempts) == {fresh, deferred, done}
+        with attempts[deferred] as a:
+            a.deferred(a.envelope.recipients, "451 greylisted")
+        with attempts[done] as a:
+            a.delivered(a.envelope.recipients, "250 ok")
+        # attempts[fresh] stays in flight
+        entries = {e.msg_id: e for e in sp.list()}
+        assert set(entries) == {fresh, deferred}
+        assert entries[fresh].state == "active"
+        d = entries[deferred]
+        assert (d.state, d.attempts, d.klass, d.recipients) == (
+            "deferred",
+            1,
+            1,
+            ("x@example.net",),
+        )
+        assert d.next_attempt_at == pytest.approx(clock() + 300)
+        assert d.last_reply == "451 greylisted" and d.body_size == len(DATA)
+        kinds = [type(r).__name__ for _, r in sp.show(deferred)]
+        assert kinds == ["Envelope", "Start", "Delta", "Envelope"]
+        with pytest.raises(KeyError):
+            sp.show("FFFFFFFFFFFFFFFF")
+
+
+def test_hold_release_delete_and_retry_now(spool_dir: str, clock: FakeClock) -> None:
+    with Spool.open(spool_dir, clock=clock, retry_intervals=[600], outcomes=True) as sp:
+        held = sp.accept("a@example.org", ["h@example.net"], DATA)
+        gone = sp.accept("a@example.org", ["g@example.net"], DATA)
+        later = sp.accept("a@example.org", ["l@example.net"], DATA)
+        sp.hold(held)
+        sp.hold(held)  # idempotent
+        sp.delete(gone)
+        claimed = sp.claim()
+        assert claimed is not None and claimed.msg_id == later  # held and deleted skipped
+        with claimed:
+            claimed.deferred(["l@example.net"], "451 later")
+        assert sp.claim() is None
+        assert sp.retry_now(later) == 1
+        again = sp.claim()
+        assert again is not None and again.msg_id == later
+        again.delivered(["l@example.net"], "250 ok")
+        again.close()
+        states = {e.msg_id: (e.state, e.held) for e in sp.list()}
+        assert states == {held: ("held", "held by the operator")}
+        not_held = sp.accept("a@example.org", ["n@example.net"], DATA)
+        with pytest.raises(ValueError, match="not held"):
+            sp.release(not_held)
+        sp.release(held)
+        due = set()
+        while (attempt := sp.claim()) is not None:
+            due.add(attempt.msg_id)
+            attempt.delivered(attempt.envelope.recipients, "250 ok")
+            attempt.close()
+        assert due == {held, not_held}  # released: due at once
+        with pytest.raises(KeyError):
+            sp.hold("FFFFFFFFFFFFFFFF")
+        outcomes = {}
+        while (o := sp.next_outcome()) is not None:
+            outcomes[o.msg_id] = o.recipients[0].reply
+        assert outcomes[gone] == DELETED_REPLY
+
+
+def test_operator_actions_on_a_message_in_flight_apply_when_it_ends(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    with Spool.open(spool_dir, clock=clock, retry_intervals=[60]) as sp:
+        msg = sp.accept("a@example.org", RCPTS, DATA)
+        attempt = sp.claim()
+        assert attempt is not None
+        sp.hold(msg)
+        with attempt:
+            attempt.deferred(["bob@example.net"], "451 later")
+        entry = next(iter(sp.list()))
+        assert (entry.msg_id, entry.state) == (msg, "held")
+        sp.release(msg)
+        attempt = sp.claim()
+        assert attempt is not None
+        sp.delete(msg)
+        with attempt:
+            attempt.delivered(["bob@example.net"], "250 ok")
+        assert list(sp.list()) == []
+        assert sp.statistics().delivered == 1
+
+
+def test_retry_now_all_makes_every_deferred_message_due(spool_dir: str, clock: FakeClock) -> None:
+    with Spool.open(spool_dir, clock=clock, retry_intervals=[3600]) as sp:
+        for i in range(4):
+            sp.accept("a@example.org", [f"r{i}@example.net"], DATA)
+        for _ in range(4):
+            defer_all(sp)
+        assert sp.claim() is None
+        assert sp.retry_now() == 4
+        count = 0
+        while (attempt := sp.claim()) is not None:
+            count += 1
+            attempt.close()
+        assert count == 4
+
+
+def test_held_and_long_deferred_mail_do_not_pin_old_segments(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    """A held message and one deferred to the last class, with 1000 others flowing:
+    after the longest retry interval every segment older than it has been deleted."""
+    intervals = [10.0, 100.0]
+    with Spool.open(
+        spool_dir,
+        clock=clock,
+        retry_intervals=intervals,
+        segment_size=16 * 1024,
+        checkpoint_interval=3600,
+    ) as sp:
+        held = sp.accept("a@example.org", ["held@example.net"], b"H" * 3000)
+        sp.hold(held)
+        slow = sp.accept("a@example.org", ["slow@example.net"], b"S" * 3000)
+        for _ in range(3):  # fresh -> class 1 -> class 2 (the last) -> class 2
+            attempt = sp.claim()
+            assert attempt is not None and attempt.msg_id == slow
+            with attempt:
+                attempt.deferred(["slow@example.net"], "451 later")
+            sp.sync()
+            clock.advance(101)
+        log_dir = os.path.join(spool_dir, fmt.LOG_DIR)
+        early = set(os.listdir(log_dir))
+        for i in range(1000):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 500)
+            if i % 50 == 49:
+                while (attempt := sp.claim()) is not None:
+                    with attempt:
+                        if attempt.msg_id == slow:
+                            attempt.deferred(["slow@example.net"], "451 still later")
+                        else:
+                            attempt.delivered(attempt.envelope.recipients, "250 ok")
+                sp.checkpoint()
+                clock.advance(10)
+        remaining = set(os.listdir(log_dir))
+        assert early.isdisjoint(remaining), sorted(early & remaining)
+        live = {e.msg_id: e for e in sp.list()}
+        assert set(live) == {held, slow}
+        assert live[held].body_kind == "file" and live[slow].body_kind == "file"
+        sp.release(held)
+        got = {}
+        while (attempt := sp.claim()) is not None:
+            got[attempt.msg_id] = attempt.read_data()
+            attempt.close()
+        assert got[held] == b"H" * 3000
