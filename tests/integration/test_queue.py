@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 
@@ -38,7 +39,7 @@ def test_claim_alternates_between_fresh_and_deferred_mail(spool_dir: str, clock:
             attempt.delivered(attempt.envelope.recipients, "250 ok")
             attempt.close()
     assert sorted(order) == ["new"] * 3 + ["old"] * 3
-    assert all(a != b for a, b in zip(order, order[1:], strict=False)), order
+    assert all(a != b for a, b in itertools.pairwise(order)), order
 
 
 def test_max_in_flight_bounds_the_attempts_handed_out(spool_dir: str) -> None:
