@@ -485,19 +485,25 @@ class Spool:
         fresh and deferred mail; never hands a message to two attempts at once.
         """
         deadline = time.monotonic() + (timeout or 0.0)
-        with self._lock:
-            while True:
+        while True:
+            with self._lock:
                 self._check_open()
                 self._close_abandoned()
                 attempt_or_wake = self._try_claim()
                 if isinstance(attempt_or_wake, Attempt):
                     return attempt_or_wake
+                behind = self._writer.durable < self._writer.tail
                 left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                if attempt_or_wake is not None:
-                    left = min(left, max(0.001, attempt_or_wake - self._clock()))
-                self._cond.wait(left)
+                if not behind:
+                    if left <= 0:
+                        return None
+                    if attempt_or_wake is not None:
+                        left = min(left, max(0.001, attempt_or_wake - self._clock()))
+                    self._cond.wait(left)
+                    continue
+            # Runners read only the durable log. Replacement envelopes are written without
+            # waiting; when nothing else is due, flush them so due mail is never missed.
+            self._writer.sync()
 
     def attempts(self, poll: float = 1.0) -> Iterator[Attempt]:
         """Yield attempts forever, until the spool closes (for worker loops)."""
