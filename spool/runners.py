@@ -1,7 +1,10 @@
 """Queue runners: one cursor per retry class, walking the log behind its head.
 
-Runner ``k`` trails the head of the log by ``interval[k]``: it looks at a record only once
-``written_at + interval[k] <= now``. It picks up the envelopes of class ``k`` (the last
+Runner ``k`` trails the head of the log by ``interval[k]``: it stops at the first envelope
+of its class that is not yet due (``written_at + interval[k] > now``) and passes everything
+else at once, so its cursor marks the oldest envelope it still owes an attempt, and a class
+with nothing pending does not hold the garbage front back. It picks up the envelopes of
+class ``k`` (the last
 runner also takes any higher class, so shrinking ``retry_intervals`` strands nothing) and
 steps over everything else: other classes, start/delta/finish records, and BODY frames,
 whose payload it never reads. Runner 0 (interval 0) follows the head: fresh mail.
@@ -93,13 +96,16 @@ class Runner:
                         self._reader.path(pos.segment), pos.offset, str(exc)
                     ) from None
                 assert isinstance(env, Envelope)
+                self.envelopes_seen += 1
+                if pos in superseded or not self.owns(env):
+                    # Not this runner's business, whatever its time: pass it now, so a
+                    # runner with nothing of its class to do sits at the head and does
+                    # not hold the garbage front back.
+                    continue
                 self._peek = (pos, env, frame.size)
             pos, env, size = self._peek
             due = env.written_at + self.interval
             if due > now:
                 return NotDue(due)
             self._peek = None
-            self.envelopes_seen += 1
-            if pos in superseded or not self.owns(env):
-                continue
             return pos, env, size

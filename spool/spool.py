@@ -694,6 +694,7 @@ class Spool:
         """
         if body.kind != rec.BODY_INLINE:
             return body, None
+        klass = min(klass, self._last_class)  # a class from larger retry_intervals
         due = now + (0.0 if klass == 0 else self.retry_intervals[klass - 1])
         if held is None and due - env.accepted_at <= self._longest_interval:
             return body, None
