@@ -47,6 +47,7 @@ class RestartPositions:
     there. ``front``: the true-garbage front; segments before its segment are deletable.
     ``outcome_front``: finish records before it have had their outcomes acknowledged;
     ``outcome_acked``: messages whose finish lies after the front and was acknowledged.
+    ``retry_intervals``: the owner's, so that offline tools can tell when mail is due.
     """
 
     consistent: Position
@@ -58,6 +59,7 @@ class RestartPositions:
     outcome_front: Position
     written_at: float
     outcome_acked: frozenset[str] = frozenset()
+    retry_intervals: tuple[float, ...] = ()
 
     def to_json(self) -> str:
         obj: dict[str, Any] = {
@@ -70,6 +72,7 @@ class RestartPositions:
             "front": self.front.to_list(),
             "outcome_front": self.outcome_front.to_list(),
             "outcome_acked": sorted(self.outcome_acked),
+            "retry_intervals": list(self.retry_intervals),
             "written_at": self.written_at,
         }
         return json.dumps(obj, separators=(",", ":"), sort_keys=True)
@@ -89,6 +92,7 @@ class RestartPositions:
             outcome_front=Position.from_obj(obj["outcome_front"]),
             written_at=float(obj["written_at"]),
             outcome_acked=frozenset(str(m) for m in obj["outcome_acked"]),
+            retry_intervals=tuple(float(i) for i in obj.get("retry_intervals", ())),
         )
 
 

@@ -108,4 +108,6 @@ class Runner:
             if due > now:
                 return NotDue(due)
             self._peek = None
+            if pos in superseded:
+                continue  # superseded while it waited at the front of this runner
             return pos, env, size

@@ -784,6 +784,7 @@ class Spool:
             outcome_front=outcome_front,
             written_at=self._clock(),
             outcome_acked=acked,
+            retry_intervals=self.retry_intervals,
         )
 
     def _remove_bodies(self, msg_ids: list[str]) -> None:

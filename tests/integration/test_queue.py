@@ -316,3 +316,18 @@ def test_held_and_long_deferred_mail_do_not_pin_old_segments(
             got[attempt.msg_id] = attempt.read_data()
             attempt.close()
         assert got[held] == b"H" * 3000
+
+
+def test_deleting_a_held_message_the_last_runner_waits_at_does_not_revive_it(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    """Regression (found by the model test): the runner had already looked at the held
+    envelope before the delete superseded it, and re-appended it once it came due."""
+    with Spool.open(spool_dir, clock=clock, retry_intervals=[10, 40]) as sp:
+        msg_id = sp.accept("a@example.org", ["r@example.net"], DATA)
+        sp.hold(msg_id)
+        assert sp.claim() is None  # the last runner now waits at the held envelope
+        clock.advance(41)
+        sp.delete(msg_id)
+        assert sp.claim() is None
+        assert list(sp.list()) == []
