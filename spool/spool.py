@@ -991,8 +991,8 @@ class Spool:
                 raise ValueError(f"{env.msg_id} is not held")
             new = attrs.evolve(env, held=None, klass=0, crashes=0)
         else:
-            if env.held is not None or (env.klass == 0 and env.attempts == 0):
-                return None
+            if env.held is not None or env.klass == 0:
+                return None  # held, or already due now
             new = attrs.evolve(env, klass=0)
         body = resolve_body(env, pos, frame.size)
         if new.held is not None:

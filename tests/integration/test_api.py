@@ -351,3 +351,18 @@ def test_new_spool_is_private(spool_dir: str) -> None:
     for dirpath, _dirs, files in os.walk(spool_dir):
         for name in files:
             assert os.stat(os.path.join(dirpath, name)).st_mode & 0o777 == 0o600, name
+
+
+def test_damaged_body_is_reported_when_read_not_handed_out_as_data(spool_dir: str) -> None:
+    with Spool.open(spool_dir) as sp:
+        sp.accept("alice@example.org", RCPTS, b"B" * 400)
+    seg = Path(spool_dir, fmt.LOG_DIR, fmt.segment_name(1))
+    data = bytearray(seg.read_bytes())
+    data[data.index(b"B" * 400) + 100] ^= 0x02
+    seg.write_bytes(bytes(data))
+    with Spool.open(spool_dir) as sp:
+        attempt = sp.claim()  # runners step over bodies without reading them
+        assert attempt is not None
+        with pytest.raises(CorruptSpool, match="checksum"):
+            attempt.read_data()
+        attempt.close()

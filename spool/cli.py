@@ -1,0 +1,712 @@
+"""The ``spool`` command: recover, check, inspect and manage a spool (docs/cli.md).
+
+Read-only commands (list, show, stats, dump, check) take no lock and write nothing: they
+read the durable part of the log, so they work beside a running owner. Commands that
+change the spool (recover, hold, release, delete, retry, accept, checkpoint, check
+--repair) open it, which takes the owner lock; a running owner makes them fail with a
+message naming its pid.
+
+Exit codes: 0 success, 1 problems found or refused, 2 usage. Errors print one line;
+``--debug`` shows the traceback. ``--json`` prints one JSON object, or JSON lines for
+listings (one object per message or record).
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
+
+import attrs
+import click
+
+from spool import format as fmt
+from spool import records as rec
+from spool.check import check_spool, repair_spool
+from spool.errors import SpoolError, SpoolLocked
+from spool.fs import FileSystem
+from spool.lock import read_owner_pid
+from spool.positions import load_positions
+from spool.queue_view import QueueEntry, history, live_messages, walk
+from spool.records import Position
+from spool.recovery import recover
+from spool.spool import DEFAULT_RETRY_INTERVALS, Spool
+
+F = TypeVar("F", bound=Callable[..., Any])
+DIR = click.argument("directory", type=click.Path(file_okay=False))
+JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+AGE_BUCKETS = (5, 10, 20, 40, 80, 160, 320, 640, 1280)  # minutes, as qshape's
+
+
+# --- formatting ----------------------------------------------------------------------
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def human_age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def human_time(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '15m', '2h', '3d' or plain seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a duration like 30m, 2h or 3d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def parse_position(text: str) -> Position:
+    m = re.fullmatch(r"(\d+):(\d+)", text)
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a position SEGMENT:OFFSET")
+    return Position(int(m.group(1)), int(m.group(2)))
+
+
+def to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, Position):
+        return str(obj)
+    if attrs.has(type(obj)):
+        return {k: to_jsonable(v) for k, v in attrs.asdict(obj, recurse=False).items()}
+    if isinstance(obj, tuple | list | set | frozenset):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def emit_json(obj: Any) -> None:
+    click.echo(json.dumps(to_jsonable(obj), sort_keys=True))
+
+
+# --- plumbing ------------------------------------------------------------------------
+
+
+class Failure(Exception):
+    """An expected failure: print one line, exit 1."""
+
+
+def fail(message: str) -> NoReturn:
+    raise Failure(message)
+
+
+def handle_errors(func: F) -> F:
+    """Turn spool errors into one line and exit 1 (``--debug``: the traceback too)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        try:
+            return func(*args, **kwargs)
+        except (SpoolError, Failure, OSError, KeyError, ValueError) as exc:
+            if ctx.find_root().params.get("debug"):
+                raise
+            text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            click.echo(f"spool: {text}", err=True)
+            ctx.exit(1)
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper  # type: ignore[return-value]
+
+
+def intervals_of(directory: str) -> tuple[float, ...]:
+    """The owner's retry intervals as its restart positions recorded them."""
+    positions = load_positions(FileSystem(), directory)
+    if positions is not None and positions.retry_intervals:
+        return positions.retry_intervals
+    return DEFAULT_RETRY_INTERVALS
+
+
+def require_spool(directory: str) -> None:
+    if not os.path.isdir(os.path.join(directory, fmt.LOG_DIR)):
+        fail(f"{directory} is not a spool (no {fmt.LOG_DIR}/ directory)")
+
+
+def open_spool(directory: str, **options: Any) -> Spool:
+    """Open (and so recover) the spool with the owner's retry intervals."""
+    require_spool(directory)
+    return Spool.open(directory, retry_intervals=intervals_of(directory), **options)
+
+
+# --- the command group -----------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.version_option(package_name="spool")
+def main(debug: bool) -> None:
+    """Recover, check, inspect and manage a spool directory.
+
+    \b
+    Example:
+      spool list var/spool --older-than 1h
+    """
+
+
+@main.command()
+@DIR
+@click.option("--dry-run", is_flag=True, help="Report what recovery would do; write nothing.")
+@JSON
+@handle_errors
+def recover_cmd(directory: str, dry_run: bool, as_json: bool) -> None:
+    """Open the spool (that is recovery) and report what recovery found and did.
+
+    \b
+    Example:
+      spool recover var/spool
+      spool recover --dry-run var/spool
+    """
+    require_spool(directory)
+    if dry_run:
+        report = dry_run_recovery(directory)
+    else:
+        sp = open_spool(directory)
+        report = sp.recovery
+        sp.close()
+    corrupt_dir = os.path.join(directory, fmt.CORRUPT_DIR)
+    quarantined = len(os.listdir(corrupt_dir)) if os.path.isdir(corrupt_dir) else 0
+    if as_json:
+        emit_json({**to_jsonable(report), "dry_run": dry_run, "quarantined_files": quarantined})
+        return
+    verb = "would write" if dry_run else "wrote"
+    used = "used" if report.positions_used else "missing or unusable: full scan"
+    click.echo(
+        f"{'dry run: ' if dry_run else ''}recovery of {directory}\n"
+        f"  restart positions: {used}\n"
+        f"  scanned:           {report.records_scanned} records, "
+        f"{human_size(report.bytes_scanned)} from {report.scanned_from}\n"
+        f"  in flight:         {report.working_found} messages\n"
+        f"  {verb:<18} {report.replacements_written} replacement envelopes, "
+        f"{report.finishes_written} finish records\n"
+        f"  crash loop held:   {report.held_for_crash_loop}\n"
+        f"  torn tail:         {report.torn_bytes_cut} bytes"
+        f"{f' at {report.torn_at}' if report.torn_at else ''}"
+        f"{' (would be cut)' if dry_run and report.torn_bytes_cut else ''}\n"
+        f"  quarantined files: {quarantined} in {fmt.CORRUPT_DIR}/\n"
+        f"  time:              {report.seconds * 1000:.1f} ms"
+    )
+
+
+main.add_command(recover_cmd, name="recover")
+
+
+def dry_run_recovery(directory: str) -> Any:
+    """Run the recovery scan and decisions without the writes (needs no owner running)."""
+    lock_path = os.path.join(directory, fmt.LOCK_NAME)
+    fd = os.open(lock_path, os.O_RDONLY) if os.path.exists(lock_path) else None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                raise SpoolLocked(directory, read_owner_pid(lock_path)) from None
+        intervals = intervals_of(directory)
+        state = recover(
+            FileSystem(),
+            directory,
+            n_classes=len(intervals) + 1,
+            crash_limit=3,
+            clock=time.time,
+            class_for_attempts=lambda a: min(a, len(intervals)),
+            dry_run=True,
+        )
+        return state.report
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@main.command()
+@DIR
+@click.option("--repair", is_flag=True, help="Set damaged files aside so that the spool opens.")
+@JSON
+@handle_errors
+def check(directory: str, repair: bool, as_json: bool) -> None:
+    """Verify every segment and body end to end; exit 1 when problems are found.
+
+    \b
+    Example:
+      spool check var/spool
+      spool check --repair var/spool
+    """
+    require_spool(directory)
+    segments = len(os.listdir(os.path.join(directory, fmt.LOG_DIR)))
+    if sys.stdout.isatty() and not as_json:
+        with click.progressbar(length=segments, label="checking segments") as bar:
+            report = check_spool(directory, progress=bar.update)
+    else:
+        report = check_spool(directory)
+    moved: list[str] = []
+    if repair and (not report.clean or report.orphan_bodies):
+        sp = None
+        try:
+            from spool.lock import OwnerLock
+
+            owner = OwnerLock(FileSystem(), os.path.join(directory, fmt.LOCK_NAME), directory)
+            try:
+                moved = repair_spool(directory)
+            finally:
+                owner.release()
+            sp = open_spool(directory)  # recovery: cuts torn tails, writes fresh positions
+        finally:
+            if sp is not None:
+                sp.close()
+    if as_json:
+        emit_json({**to_jsonable(report), "clean": report.clean, "repaired": moved})
+    else:
+        for problem in report.problems:
+            kind = "error" if problem.fatal else "warning"
+            click.echo(f"{kind}: {problem.path} at offset {problem.offset}: {problem.what}")
+        for note in report.notes:
+            click.echo(f"note: {note}")
+        for line in moved:
+            click.echo(f"repaired: {line}")
+        click.echo(
+            f"{'clean' if report.clean else f'{len(report.problems)} problem(s)'}: "
+            f"{report.segments} segments, {report.records} records, "
+            f"{human_size(report.bytes)}, {report.live_messages} live messages, "
+            f"{report.body_files} body files ({report.seconds:.2f} s)"
+        )
+    if not report.clean and not moved:
+        sys.exit(1)
+
+
+def matches(
+    entry: QueueEntry,
+    sender: str | None,
+    recipient: str | None,
+    held: bool,
+    older_than: float | None,
+    now: float,
+) -> bool:
+    if sender is not None and sender.lower() not in entry.sender.lower():
+        return False
+    if recipient is not None and not any(recipient.lower() in r.lower() for r in entry.recipients):
+        return False
+    if held and entry.held is None:
+        return False
+    return older_than is None or now - entry.accepted_at >= older_than
+
+
+@main.command(name="list")
+@DIR
+@click.option("--sender", help="Only senders containing this text.")
+@click.option("--recipient", help="Only messages with a recipient containing this (or @domain).")
+@click.option("--held", is_flag=True, help="Only held messages.")
+@click.option(
+    "--older-than", type=parse_duration, help="Only messages older than this (30m, 2h, 3d)."
+)
+@JSON
+@handle_errors
+def list_cmd(
+    directory: str,
+    sender: str | None,
+    recipient: str | None,
+    held: bool,
+    older_than: float | None,
+    as_json: bool,
+) -> None:
+    """The queue, like mailq: one message per entry, then a summary line.
+
+    \b
+    Example:
+      spool list var/spool --recipient @example.net --older-than 1h
+    """
+    require_spool(directory)
+    now = time.time()
+    intervals = (0.0, *intervals_of(directory))
+    entries = sorted(
+        live_messages(FileSystem(), directory, intervals).values(),
+        key=lambda e: (e.accepted_at, e.msg_id),
+    )
+    shown = [e for e in entries if matches(e, sender, recipient, held, older_than, now)]
+    if as_json:
+        for e in shown:
+            emit_json(e)
+        return
+    if shown:
+        click.echo(
+            f"{'ID':<16}  {'AGE':>6}  {'SIZE':>9}  {'CLS':>3}  {'ATT':>3}  "
+            f"{'NEXT':>6}  {'STATE':<8}  SENDER"
+        )
+    for e in shown:
+        nxt = (
+            "held"
+            if e.held
+            else ("now" if e.next_attempt_at <= now else human_age(e.next_attempt_at - now))
+        )
+        click.echo(
+            f"{e.msg_id:<16}  {human_age(now - e.accepted_at):>6}  "
+            f"{human_size(e.body_size):>9}  {e.klass:>3}  {e.attempts:>3}  {nxt:>6}  "
+            f"{e.state:<8}  <{e.sender}>"
+        )
+        if e.held:
+            click.echo(f"{'':18}(held: {e.held})")
+        if e.last_reply:
+            click.echo(f"{'':18}({e.last_reply})")
+        for r in e.recipients:
+            click.echo(f"{'':18}{r}")
+    rcpts = sum(len(e.recipients) for e in shown)
+    size = sum(e.body_size for e in shown)
+    click.echo(f"-- {len(shown)} messages, {rcpts} recipients, {human_size(size)}")
+
+
+@main.command()
+@DIR
+@click.argument("msg_id")
+@click.option("--data", is_flag=True, help="Print the message body instead.")
+@JSON
+@handle_errors
+def show(directory: str, msg_id: str, data: bool, as_json: bool) -> None:
+    """One message's envelope and history (every record of it still in the log).
+
+    \b
+    Example:
+      spool show var/spool 6B49D2000F5A1C33
+    """
+    require_spool(directory)
+    fs = FileSystem()
+    records = history(fs, directory, msg_id)
+    if not records:
+        fail(f"no message {msg_id} in {directory}")
+    if data:
+        from spool.bodies import read_body
+        from spool.recovery import resolve_body
+
+        envelopes = [(p, r) for p, r in records if isinstance(r, rec.Envelope)]
+        pos, env = envelopes[-1]
+        assert isinstance(env, rec.Envelope)
+        body = env.body
+        if body.kind == rec.BODY_INLINE and body.at is None:
+            from spool.reader import read_frame_at
+
+            size = read_frame_at(fs, os.path.join(directory, fmt.LOG_DIR), pos).size
+            body = resolve_body(env, pos, size)
+        sys.stdout.buffer.write(read_body(fs, directory, msg_id, body))
+        sys.stdout.buffer.flush()
+        return
+    if as_json:
+        emit_json(
+            {
+                "msg_id": msg_id,
+                "records": [
+                    {"at": str(p), "type": type(r).__name__.lower(), **to_jsonable(r)}
+                    for p, r in records
+                ],
+            }
+        )
+        return
+    for pos, record in records:
+        click.echo(describe(pos, record))
+
+
+def describe(pos: Position, record: rec.Record) -> str:
+    """One line for a record, as ``show`` and ``dump`` print it."""
+    at = f"{pos!s:>14}"
+    if isinstance(record, rec.Envelope):
+        what = "replacement" if record.supersedes else "envelope"
+        extra = f" supersedes {record.supersedes}" if record.supersedes else ""
+        held = f" held ({record.held})" if record.held else ""
+        return (
+            f"{at}  {human_time(record.written_at)}  {what} {record.msg_id} "
+            f"from <{record.sender}> to {', '.join(record.recipients)}; "
+            f"attempts {record.attempts}, class {record.klass}, "
+            f"body {record.body.kind} {human_size(record.body.size)}{held}{extra}"
+        )
+    if isinstance(record, rec.Start):
+        return (
+            f"{at}  {human_time(record.at)}  start {record.msg_id} "
+            f"(envelope {record.envelope_at}, class {record.klass})"
+        )
+    if isinstance(record, rec.Delta):
+        return (
+            f"{at}  {human_time(record.at)}  {record.status} {record.msg_id} "
+            f"{', '.join(record.recipients)}: {record.reply}"
+        )
+    if isinstance(record, rec.Finish):
+        outcome = "; ".join(f"{o.recipient} {o.status}" for o in record.outcomes)
+        return f"{at}  {human_time(record.at)}  finish {record.msg_id} ({record.reason}): {outcome}"
+    return f"{at}  {human_time(record.at)}  {record.action} {record.target}"
+
+
+@main.command()
+@DIR
+@JSON
+@handle_errors
+def stats(directory: str, as_json: bool) -> None:
+    """Counts by class and state, a qshape table, disk use, and the log positions.
+
+    \b
+    Example:
+      spool stats var/spool
+    """
+    require_spool(directory)
+    now = time.time()
+    intervals = (0.0, *intervals_of(directory))
+    entries = list(live_messages(FileSystem(), directory, intervals).values())
+    by_state = collections.Counter(e.state for e in entries)
+    by_class = collections.Counter(e.klass for e in entries)
+    shape: dict[str, list[int]] = collections.defaultdict(lambda: [0] * (len(AGE_BUCKETS) + 1))
+    for e in entries:
+        minutes = (now - e.accepted_at) / 60
+        bucket = next((i for i, b in enumerate(AGE_BUCKETS) if minutes < b), len(AGE_BUCKETS))
+        for r in e.recipients:
+            shape[r.rpartition("@")[2].lower()][bucket] += 1
+    disk = disk_use(directory)
+    positions = load_positions(FileSystem(), directory)
+    pos_info = (
+        None
+        if positions is None
+        else {
+            "consistent": str(positions.consistent),
+            "working_start": str(positions.working_start),
+            "garbage_front": str(positions.front),
+            "runner_cursors": [str(c) for c in positions.cursors],
+            "written_at": positions.written_at,
+        }
+    )
+    segments = len(os.listdir(os.path.join(directory, fmt.LOG_DIR)))
+    if as_json:
+        emit_json(
+            {
+                "messages": len(entries),
+                "recipients": sum(len(e.recipients) for e in entries),
+                "by_state": dict(by_state),
+                "by_class": {str(k): v for k, v in sorted(by_class.items())},
+                "qshape": {"buckets_minutes": list(AGE_BUCKETS), "domains": dict(shape)},
+                "disk_bytes": disk,
+                "segments": segments,
+                "positions": pos_info,
+            }
+        )
+        return
+    click.echo(f"messages: {len(entries)}, recipients: {sum(len(e.recipients) for e in entries)}")
+    click.echo("by state: " + (", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "-"))
+    click.echo("by class: " + (", ".join(f"{k}: {v}" for k, v in sorted(by_class.items())) or "-"))
+    click.echo("")
+    header = (
+        f"{'domain':<28}{'total':>6}" + "".join(f"{b:>6}" for b in AGE_BUCKETS) + f"{'more':>6}"
+    )
+    click.echo(header + "   (pending recipients by age in minutes, as qshape)")
+    rows = sorted(shape.items(), key=lambda kv: -sum(kv[1]))
+    totals = [sum(col) for col in zip(*shape.values(), strict=True)] if shape else [0] * 10
+    click.echo(f"{'TOTAL':<28}{sum(totals):>6}" + "".join(f"{n:>6}" for n in totals))
+    for domain, counts in rows[:20]:
+        click.echo(f"{domain[:27]:<28}{sum(counts):>6}" + "".join(f"{n:>6}" for n in counts))
+    click.echo("")
+    click.echo(
+        "disk: "
+        + ", ".join(f"{k} {human_size(v)}" for k, v in disk.items())
+        + f"; {segments} segments"
+    )
+    if positions is None:
+        click.echo("positions: none (the next open scans the whole log)")
+    else:
+        click.echo(f"positions (written {human_time(positions.written_at)}):")
+        click.echo(
+            f"  consistent up to {positions.consistent}, working suffix from "
+            f"{positions.working_start}, garbage front {positions.front}"
+        )
+        click.echo(
+            "  runners: " + ", ".join(f"class {k} at {c}" for k, c in enumerate(positions.cursors))
+        )
+
+
+def disk_use(directory: str) -> dict[str, int]:
+    """Bytes on disk by kind of file."""
+    out = {"log": 0, "bodies": 0, "corrupt": 0, "other": 0}
+    for kind, sub in (("log", fmt.LOG_DIR), ("bodies", fmt.BODY_DIR), ("corrupt", fmt.CORRUPT_DIR)):
+        path = os.path.join(directory, sub)
+        if os.path.isdir(path):
+            out[kind] = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+    for name in os.listdir(directory):
+        full = os.path.join(directory, name)
+        if os.path.isfile(full):
+            out["other"] += os.path.getsize(full)
+    return out
+
+
+@main.command()
+@DIR
+@click.option("--segment", type=int, help="Only this segment.")
+@click.option("--from", "start", type=parse_position, help="Start at SEGMENT:OFFSET.")
+@click.option("--limit", type=int, help="At most this many records.")
+@JSON
+@handle_errors
+def dump(
+    directory: str, segment: int | None, start: Position | None, limit: int | None, as_json: bool
+) -> None:
+    """The records themselves, one a line, for debugging and scripts.
+
+    \b
+    Example:
+      spool dump var/spool --from 3:32 --limit 20 --json
+    """
+    require_spool(directory)
+    for count, (pos, record, frame) in enumerate(records_from(directory, segment, start)):
+        if limit is not None and count >= limit:
+            break
+        if as_json:
+            base: dict[str, Any] = {"at": str(pos), "size": frame.size if frame else None}
+            if record is None:
+                assert frame is not None
+                base["type"] = fmt.TYPE_NAMES[frame.type]
+            else:
+                base.update(type=type(record).__name__.lower(), **to_jsonable(record))
+            emit_json(base)
+        elif record is None:
+            assert frame is not None
+            click.echo(f"{pos!s:>14}  {fmt.TYPE_NAMES[frame.type]} ({frame.size} bytes)")
+        else:
+            click.echo(describe(pos, record))
+
+
+def records_from(
+    directory: str, segment: int | None, start: Position | None
+) -> Iterator[tuple[Position, rec.Record | None, Any]]:
+    for pos, record, frame in walk(FileSystem(), directory, skip_bodies=False):
+        if segment is not None and pos.segment != segment:
+            if pos.segment > segment:
+                return
+            continue
+        if start is not None and pos < start:
+            continue
+        if record is None and frame is not None and frame.type == fmt.T_PAD:
+            continue
+        yield pos, record, frame
+
+
+def operator_command(name: str, action: Callable[[Spool, str], Any], help_text: str) -> None:
+    @main.command(name=name, help=help_text)
+    @DIR
+    @click.argument("msg_ids", nargs=-1, required=True)
+    @handle_errors
+    def command(directory: str, msg_ids: tuple[str, ...]) -> None:
+        failed = 0
+        with open_spool(directory) as sp:
+            for msg_id in msg_ids:
+                try:
+                    action(sp, msg_id)
+                    click.echo(f"{msg_id}: {name} done")
+                except (KeyError, ValueError) as exc:
+                    text = exc.args[0] if exc.args else str(exc)
+                    click.echo(f"spool: {msg_id}: {text}", err=True)
+                    failed += 1
+        if failed:
+            sys.exit(1)
+
+
+operator_command(
+    "hold",
+    lambda sp, m: sp.hold(m),
+    "Hold messages: no attempts until released (postsuper -h).\n\n"
+    "\b\nExample:\n  spool hold var/spool 6B49D2000F5A1C33",
+)
+operator_command(
+    "release",
+    lambda sp, m: sp.release(m),
+    "Release held messages; they are due at once (postsuper -H).\n\n"
+    "\b\nExample:\n  spool release var/spool 6B49D2000F5A1C33",
+)
+operator_command(
+    "delete",
+    lambda sp, m: sp.delete(m),
+    "Delete messages: pending recipients fail with a reply naming the operator "
+    "(postsuper -d).\n\n\b\nExample:\n  spool delete var/spool 6B49D2000F5A1C33",
+)
+
+
+@main.command()
+@DIR
+@click.argument("msg_ids", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Every deferred message (postqueue -f).")
+@handle_errors
+def retry(directory: str, msg_ids: tuple[str, ...], everything: bool) -> None:
+    """Make deferred messages due now.
+
+    \b
+    Example:
+      spool retry var/spool 6B49D2000F5A1C33
+      spool retry --all var/spool
+    """
+    if not msg_ids and not everything:
+        raise click.UsageError("give message ids or --all")
+    with open_spool(directory) as sp:
+        if everything:
+            click.echo(f"{sp.retry_now()} deferred messages are due now")
+        failed = 0
+        for msg_id in msg_ids:
+            try:
+                changed = sp.retry_now(msg_id)
+                click.echo(f"{msg_id}: {'due now' if changed else 'nothing to do (not deferred)'}")
+            except KeyError as exc:
+                click.echo(f"spool: {exc.args[0]}", err=True)
+                failed += 1
+    if failed:
+        sys.exit(1)
+
+
+@main.command()
+@DIR
+@click.option("-f", "sender", required=True, help="Envelope sender ('' for the null sender).")
+@click.argument("recipients", nargs=-1, required=True)
+@handle_errors
+def accept(directory: str, sender: str, recipients: tuple[str, ...]) -> None:
+    """Queue a message read from standard input, like sendmail -f; prints its id.
+
+    \b
+    Example:
+      spool accept var/spool -f alice@example.org bob@example.net < message.eml
+    """
+    data = sys.stdin.buffer.read()
+    sp = (
+        Spool.open(directory, retry_intervals=intervals_of(directory))
+        if not os.path.isdir(os.path.join(directory, fmt.LOG_DIR))
+        else open_spool(directory)
+    )
+    with sp:
+        click.echo(sp.accept(sender, list(recipients), data))
+
+
+@main.command()
+@DIR
+@handle_errors
+def checkpoint(directory: str) -> None:
+    """Write restart positions now (and free retired segments).
+
+    \b
+    Example:
+      spool checkpoint var/spool
+    """
+    with open_spool(directory) as sp:
+        positions = sp.checkpoint()
+    click.echo(
+        f"positions written: consistent up to {positions.consistent}, "
+        f"garbage front {positions.front}"
+    )
+
+
+if __name__ == "__main__":
+    main()
