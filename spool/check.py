@@ -81,6 +81,13 @@ def check_spool(
     problems: list[Problem] = []
     notes: list[str] = []
     segments = list_segments(fs, log_dir) if os.path.isdir(log_dir) else []
+    positions = load_positions(fs, path)
+    if positions is not None and segments and positions.front.segment > segments[0]:
+        # Retired segments (behind the garbage front) whose deletion a crash interrupted:
+        # garbage, deleted at the next checkpoint; any subset of them may remain.
+        retired = [s for s in segments if s < positions.front.segment]
+        segments = [s for s in segments if s >= positions.front.segment] or segments[-1:]
+        notes.append(f"{len(retired)} retired segment(s) awaiting deletion")
     for prev, nxt in itertools.pairwise(segments):
         if nxt != prev + 1:
             problems.append(

@@ -70,7 +70,7 @@ BODY_HEADER_SIZE: Final = BODY_HEADER.size
 assert BODY_HEADER_SIZE == 32
 
 # --- message ids ----------------------------------------------------------------------
-MSG_ID_LENGTH: Final = 16  # hex digits: 8 bytes, 4 of time and 4 random
+MSG_ID_LENGTH: Final = 16  # hex digits: 8 bytes, 4 of time and 4 of a counter
 
 
 def segment_name(number: int) -> str:

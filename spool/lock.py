@@ -15,11 +15,12 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 
-from spool.errors import SpoolLocked
+from spool.errors import BadSpoolDirectory, SpoolLocked
 from spool.fs import FileSystem
 
 
@@ -39,7 +40,12 @@ class OwnerLock:
     def __init__(self, fs: FileSystem, lock_path: str, spool_path: str) -> None:
         self._fs = fs
         self.path = lock_path
-        fd = fs.open(lock_path, os.O_RDWR | os.O_CREAT)
+        try:
+            fd = fs.open(lock_path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            raise BadSpoolDirectory(
+                spool_path, f"cannot open its lock file: {exc.strerror or exc}"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -48,9 +54,11 @@ class OwnerLock:
                 raise SpoolLocked(spool_path, read_owner_pid(lock_path)) from None
             raise
         self._fd: int | None = fd
-        # Advisory only (see module docstring); not fsynced on purpose.
-        fs.ftruncate(fd, 0)
-        fs.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # Advisory only (see module docstring); not fsynced on purpose, and a failure to
+        # write it only makes a refused opener's message vaguer.
+        with contextlib.suppress(OSError):
+            fs.ftruncate(fd, 0)
+            fs.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
         """Drop the lock (idempotent). The pid text stays; it is only read after a refusal."""

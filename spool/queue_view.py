@@ -85,8 +85,29 @@ def walk(
         cursor.close()
 
 
+# A walk that a concurrent segment deletion overtook is repeated (see live_messages).
+WALK_ATTEMPTS = 10
+
+
 def live_messages(fs: FileSystem, root: str, intervals: tuple[float, ...]) -> dict[str, QueueEntry]:
-    """The live messages by id. ``intervals[k]`` is retry class k's delay (class 0: 0)."""
+    """The live messages by id. ``intervals[k]`` is retry class k's delay (class 0: 0).
+
+    A checkpoint of a running owner may delete old segments while the walk reads them; a
+    walk overtaken that way ends early (a message finished in a deleted segment would look
+    live, later ones missing), so the walk is repeated until no segment vanished under it.
+    """
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    for _ in range(WALK_ATTEMPTS):
+        oldest = list_segments(fs, log_dir)[:1]
+        live = _live_messages_once(fs, root, intervals)
+        if list_segments(fs, log_dir)[:1] == oldest:
+            break
+    return live
+
+
+def _live_messages_once(
+    fs: FileSystem, root: str, intervals: tuple[float, ...]
+) -> dict[str, QueueEntry]:
     live: dict[str, QueueEntry] = {}
     for pos, record, frame in walk(fs, root):
         if isinstance(record, rec.Envelope):
@@ -129,7 +150,18 @@ def entry_for(
 
 
 def history(fs: FileSystem, root: str, msg_id: str) -> list[tuple[Position, rec.Record]]:
-    """Every record of ``msg_id`` still in the log, oldest first."""
+    """Every record of ``msg_id`` still in the log, oldest first (repeated like
+    ``live_messages`` when a concurrent checkpoint deletes segments under the walk)."""
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    for _ in range(WALK_ATTEMPTS):
+        oldest = list_segments(fs, log_dir)[:1]
+        out = _history_once(fs, root, msg_id)
+        if list_segments(fs, log_dir)[:1] == oldest:
+            break
+    return out
+
+
+def _history_once(fs: FileSystem, root: str, msg_id: str) -> list[tuple[Position, rec.Record]]:
     out = []
     for pos, record, _frame in walk(fs, root):
         if record is None:

@@ -39,9 +39,10 @@ import attrs
 from spool import format as fmt
 from spool import records as rec
 from spool.errors import CorruptSpool
+from spool.framing import Frame
 from spool.fs import FileSystem
 from spool.positions import RestartPositions, load_positions
-from spool.reader import LogCursor, SkippedBody, list_segments, read_frame_at
+from spool.reader import LogCursor, SkippedBody, TornTail, list_segments, read_frame_at
 from spool.records import Position
 
 
@@ -170,15 +171,17 @@ def recover(
         return RecoveredState(
             1, 1, [first] * n_classes, set(), {}, first, set(), [], [], [], report
         )
+    loaded = load_positions(fs, root)
+    if loaded is not None and loaded.front.segment > segments[0]:
+        # Segments below the garbage front were retired; a crash interrupted their deletion
+        # (any subset of the unlinks may have happened, so they need not be contiguous).
+        segments = [s for s in segments if s >= loaded.front.segment] or segments[-1:]
     for prev, nxt in itertools.pairwise(segments):
         if nxt != prev + 1:
             raise CorruptSpool(
                 os.path.join(log_dir, fmt.segment_name(prev + 1)), 0, "segment file is missing"
             )
-    positions, start = _scan_start(load_positions(fs, root), segments, n_classes)
-    if positions is not None and positions.front.segment > segments[0]:
-        # Segments below the garbage front were retired; a crash interrupted their deletion.
-        segments = [s for s in segments if s >= positions.front.segment] or segments[-1:]
+    positions, start = _scan_start(loaded, segments, n_classes)
     consistent = positions.consistent if positions else Position(segments[0], 0)
     cursor = LogCursor(fs, log_dir, start, durable_end=consistent, newest_segment=segments[-1])
     working: dict[str, _Working] = {}
@@ -187,15 +190,31 @@ def recover(
     acked: set[str] = set(positions.outcome_acked) if positions else set()
     dead_bodies: list[str] = []
     records = 0
+    # A message's first envelope and its BODY frame are appended as one piece; the
+    # envelope counts only once its body has been read (see _unpaired_envelope).
+    awaiting: tuple[Position, rec.Envelope, int] | None = None
     try:
         for pos, frame in cursor:
             records += 1
+            if awaiting is not None:
+                env_at, env, env_size = awaiting
+                if not _is_body_after(frame, pos, env_at, env_size):
+                    raise CorruptSpool(
+                        cursor.path(env_at.segment), env_at.offset, "envelope without its body"
+                    )
+                _apply(env, env_at, env_size, env_at >= consistent, working, superseded, body_refs)
+                awaiting = None
+                continue
             if isinstance(frame, SkippedBody) or frame.type in (fmt.T_BODY, fmt.T_PAD):
                 continue
             try:
                 record = rec.decode(frame.type, frame.payload)
             except rec.RecordError as exc:
                 raise CorruptSpool(cursor.path(pos.segment), pos.offset, str(exc)) from None
+            if _has_inline_body_next(record):
+                assert isinstance(record, rec.Envelope)
+                awaiting = (pos, record, frame.size)
+                continue
             after = pos >= consistent
             _apply(record, pos, frame.size, after, working, superseded, body_refs)
             if isinstance(record, rec.Control) and record.action == "outcome-ack":
@@ -204,7 +223,7 @@ def recover(
                 dead_bodies.append(record.msg_id)
     finally:
         cursor.close()
-    torn = cursor.torn
+    torn = _unpaired_envelope(cursor, awaiting, consistent, segments[-1])
     if torn is not None and not dry_run:
         _cut_torn_tail(fs, root, log_dir, torn.at)
     cursors = list(positions.cursors) if positions else [Position(segments[0], 0)] * n_classes
@@ -229,8 +248,13 @@ def recover(
         seconds=time.monotonic() - started,
     )
     outcome_front = positions.outcome_front if positions else Position(segments[0], 0)
+    next_segment = segments[-1] + 1
+    if torn is not None and not dry_run and torn.at.offset < fmt.SEGMENT_HEADER_SIZE:
+        # The newest segment was removed (its header never became durable): its number
+        # is free again, and reusing it keeps the segment numbers contiguous.
+        next_segment = torn.at.segment
     return RecoveredState(
-        next_segment=segments[-1] + 1,
+        next_segment=next_segment,
         first_segment=segments[0],
         cursors=cursors,
         superseded=superseded,
@@ -242,6 +266,46 @@ def recover(
         working_at=live,
         report=report,
     )
+
+
+def _has_inline_body_next(record: rec.Record) -> bool:
+    """Whether ``record`` is a first envelope, whose BODY frame follows it directly."""
+    return (
+        isinstance(record, rec.Envelope)
+        and record.body.kind == rec.BODY_INLINE
+        and record.body.at is None
+    )
+
+
+def _is_body_after(
+    frame: Frame | SkippedBody, pos: Position, env_at: Position, env_size: int
+) -> bool:
+    is_body = isinstance(frame, SkippedBody) or frame.type == fmt.T_BODY
+    return is_body and pos == Position(env_at.segment, env_at.offset + env_size)
+
+
+def _unpaired_envelope(
+    cursor: LogCursor,
+    awaiting: tuple[Position, rec.Envelope, int] | None,
+    consistent: Position,
+    newest: int,
+) -> TornTail | None:
+    """The torn tail to cut, moved back over a first envelope whose body did not survive.
+
+    An envelope and its BODY frame are written in one batch; a tear can keep the envelope
+    and lose the body. The accept was not acknowledged (its fdatasync did not return), so
+    the pair goes together: the cut starts at the envelope. The same envelope before the
+    durable end, or in an older segment, is corruption.
+    """
+    torn = cursor.torn
+    if awaiting is None:
+        return torn
+    env_at, _env, _size = awaiting
+    if env_at < consistent or env_at.segment != newest:
+        raise CorruptSpool(cursor.path(env_at.segment), env_at.offset, "envelope without its body")
+    file_size = os.path.getsize(cursor.path(env_at.segment))
+    reason = torn.reason if torn is not None else "log ends after an envelope"
+    return TornTail(env_at, file_size, f"{reason}: cut with the envelope it belongs to")
 
 
 def _apply(

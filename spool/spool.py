@@ -31,6 +31,7 @@ import builtins
 import collections
 import contextlib
 import errno
+import itertools
 import os
 import secrets
 import stat
@@ -52,6 +53,7 @@ from spool.errors import (
     MessageTooLarge,
     SpoolClosed,
     SpoolError,
+    SpoolFailed,
 )
 from spool.framing import encode_frame
 from spool.fs import FileSystem
@@ -83,6 +85,11 @@ UNREPORTED_REPLY: Final = "451 4.4.0 delivery attempt ended without a result"
 EXPIRED_REPLY: Final = "554 5.4.7 message expired: too long in the queue"
 DELETED_REPLY: Final = "554 5.0.0 message deleted by the operator"
 LOCATE_RETRIES: Final = 20
+# A BODY frame holds the message id and the data: the largest body that fits one frame.
+INLINE_BODY_LIMIT: Final = fmt.FRAME_PAYLOAD_MAX - fmt.MSG_ID_LENGTH
+# SMTP reply lines are at most 512 octets (RFC 5321); 4 KiB keeps a multi-line reply and
+# bounds a finish record of max_recipients outcomes well inside one frame.
+REPLY_MAX: Final = 4096
 
 
 @attrs.frozen
@@ -277,6 +284,10 @@ class Spool:
             raise ValueError("retry_intervals must be a non-empty list of positive seconds")
         if max_in_flight < 1 or crash_limit < 1 or max_recipients < 1:
             raise ValueError("max_in_flight, crash_limit and max_recipients must be >= 1")
+        if not 0 <= inline_body_max <= INLINE_BODY_LIMIT:
+            raise ValueError(
+                f"inline_body_max must be between 0 and {INLINE_BODY_LIMIT} bytes (one frame)"
+            )
         self.path = path
         self._fs = fs
         self._clock = clock
@@ -308,11 +319,20 @@ class Spool:
         path = self.path
         try:
             st = os.stat(path)
+        except NotADirectoryError:
+            raise BadSpoolDirectory(path, "a component of the path is not a directory") from None
         except FileNotFoundError:
             parent = os.path.dirname(os.path.abspath(path))
-            os.makedirs(parent, mode=0o755, exist_ok=True)
-            # A crash after this mkdir leaves an empty directory: a valid empty spool.
-            self._fs.mkdir(path, 0o700)
+            try:
+                os.makedirs(parent, mode=0o755, exist_ok=True)
+                # A crash after this mkdir leaves an empty directory: a valid empty spool.
+                # The new name is durable only once its parent directory is fsynced (fault
+                # model 4); until then nothing is written inside, so a crash loses nothing
+                # acknowledged.
+                self._fs.mkdir(path, 0o700)
+                self._fs.fsync_dir(parent)
+            except OSError as exc:
+                raise BadSpoolDirectory(path, f"cannot create it: {exc.strerror or exc}") from exc
             st = os.stat(path)
         if not stat.S_ISDIR(st.st_mode):
             raise BadSpoolDirectory(path, "exists and is not a directory")
@@ -333,8 +353,13 @@ class Spool:
             if not os.path.isdir(sub_path):
                 # A crash before the fsync below may lose the new directory; the next open
                 # creates it again. Nothing is written into it before this fsync returns.
-                self._fs.mkdir(sub_path, 0o700)
-                self._fs.fsync_dir(path)
+                try:
+                    self._fs.mkdir(sub_path, 0o700)
+                    self._fs.fsync_dir(path)
+                except OSError as exc:
+                    raise BadSpoolDirectory(
+                        path, f"cannot create {sub}/: {exc.strerror or exc}"
+                    ) from exc
 
     def _recover_and_start(
         self, segment_size: int, sync_every: int, sync_interval: float, crash_limit: int
@@ -359,6 +384,7 @@ class Spool:
         self._first_segment = state.first_segment
         self._closed = False
         self._counts: collections.Counter[str] = collections.Counter()
+        self._ids = itertools.count(secrets.randbits(32))  # next() is atomic in CPython
         self._free_checked_at = -1.0
         self._free_ok = True
         self._prefer_incoming = True
@@ -427,14 +453,24 @@ class Spool:
         self._check_open()
         self._check_free_space()
         now = self._now()
-        msg_id = f"{int(now) & 0xFFFFFFFF:08X}{secrets.randbits(32):08X}"
+        # Accept second, then a counter: unique among this owner's messages (2**32 a
+        # second); the counter starts at random so that owners in the same second differ.
+        msg_id = f"{int(now) & 0xFFFFFFFF:08X}{next(self._ids) & 0xFFFFFFFF:08X}"
         if len(data) > self._inline_body_max:
-            body = write_body_file(self._fs, self._body_dir, msg_id, data)
+            try:
+                body = write_body_file(self._fs, self._body_dir, msg_id, data)
+            except OSError as exc:
+                raise self._body_write_failed(msg_id, exc) from exc
         else:
             body = rec.BodyRef(rec.BODY_INLINE, len(data))
         env = rec.Envelope(msg_id, sender, rcpts, accepted_at=now, written_at=now, body=body)
-        env_frame = encode_frame(*rec.encode(env))
-        frames = env_frame
+        env_type, env_payload = rec.encode(env)
+        if len(env_payload) > fmt.FRAME_PAYLOAD_MAX:
+            raise MessageTooLarge(
+                f"the envelope needs {len(env_payload)} bytes, over the frame limit "
+                f"({fmt.FRAME_PAYLOAD_MAX}); send fewer recipients per message"
+            )
+        frames = encode_frame(env_type, env_payload)
         if body.kind == rec.BODY_INLINE:
             frames += encode_frame(fmt.T_BODY, rec.encode_body(msg_id, data))
         with self._lock:
@@ -445,6 +481,19 @@ class Spool:
             self._counts["accepted"] += 1
         self._writer.wait_durable(end)  # the commit point of accept
         return msg_id
+
+    def _body_write_failed(self, msg_id: str, exc: OSError) -> SpoolError:
+        """The error for a body file that could not be written; its remains are removed
+        (no envelope names it yet), so the refused accept changes nothing."""
+        if exc.errno != errno.EEXIST:
+            with contextlib.suppress(OSError):
+                self._fs.unlink(os.path.join(self._body_dir, msg_id))
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DiskFull(
+                f"no space in {self._body_dir} for the body of a new message; new mail is "
+                "refused for now (answer 452), deliveries go on"
+            )
+        return SpoolFailed(f"writing a body file in {self._body_dir} failed: {exc}", exc.errno)
 
     def _check_recipients(self, recipients: Iterable[str]) -> tuple[str, ...]:
         if isinstance(recipients, str | bytes):
@@ -593,6 +642,8 @@ class Spool:
         rcpts = tuple(recipients)
         if not isinstance(reply, str):
             raise ValueError("reply must be a str (the server's reply text)")
+        if len(reply) > REPLY_MAX:
+            raise ValueError(f"reply of {len(reply)} characters; at most {REPLY_MAX} are kept")
         now = self._now()
         with self._lock:
             self._check_attempt(state)
@@ -628,7 +679,14 @@ class Spool:
                 state.deferred.update(dict.fromkeys(rcpts, UNREPORTED_REPLY))
                 state.unreported.clear()
                 self._counts["deferred"] += len(rcpts)
+            operator_marked = state.delete is not None or state.hold is not None
             self._settle(state, now, "all recipients settled")
+            end = self._writer.tail
+        if operator_marked:
+            # The operator's hold or delete was acknowledged while the message was in
+            # flight; its effect is durable once this returns (other closes do not wait:
+            # recovery rebuilds their outcome from the durable deltas).
+            self._writer.wait_durable(end)
 
     def _settle(self, state: _InFlight, now: float, reason: str) -> None:
         """Write the replacement envelope or the finish record; the attempt is over.
@@ -701,7 +759,14 @@ class Spool:
         assert body.at is not None
         data = read_inline_body(self._fs, self._log_dir, env.msg_id, body.at)
         # Durable before the envelope naming it is appended (see bodies.py).
-        ref = write_body_file(self._fs, self._body_dir, env.msg_id, data, replace=True)
+        try:
+            ref = write_body_file(self._fs, self._body_dir, env.msg_id, data, replace=True)
+        except OSError:
+            # No room (or an I/O error) for the copy: keep the body inline. Its segment
+            # stays pinned for longer, nothing is lost; the next replacement tries again.
+            with contextlib.suppress(OSError):
+                self._fs.unlink(os.path.join(self._body_dir, env.msg_id))
+            return body, None
         self._release_body(body, env.msg_id)
         self._counts["bodies_promoted"] += 1
         return ref, body.at
@@ -754,10 +819,19 @@ class Spool:
                 doomed, self._doomed_bodies = self._doomed_bodies, []
                 self._since_checkpoint = 0
             self._writer.sync()  # (P1): everything before positions.consistent is durable
-            self._remove_bodies(doomed)
-            store_positions(self._fs, self.path, positions)
-            self._counts["checkpoints"] += 1
-            self._collect_garbage(positions)
+            try:
+                self._remove_bodies(doomed)
+                store_positions(self._fs, self.path, positions)
+                self._counts["checkpoints"] += 1
+                self._collect_garbage(positions)
+            except OSError as exc:
+                # Nothing the log relies on: the old positions stay (a temp file is never
+                # renamed after a failed sync) and the next checkpoint tries again.
+                with self._lock:
+                    self._doomed_bodies.extend(doomed)
+                raise SpoolFailed(
+                    f"checkpoint of {self.path} failed: {exc.strerror or exc}", exc.errno
+                ) from exc
             return positions
 
     def _capture_positions(self) -> RestartPositions:
@@ -1046,9 +1120,12 @@ class Spool:
         with self._lock:
             if self._closed:
                 return
-            for state in list(self._in_flight.values()):
-                self._close_attempt(state)
-            self._close_abandoned()
+            # On a failed spool these records cannot be written; recovery defers the
+            # attempts instead, so close goes on and releases the lock.
+            with contextlib.suppress(SpoolError):
+                for state in list(self._in_flight.values()):
+                    self._close_attempt(state)
+                self._close_abandoned()
         with contextlib.suppress(SpoolError):
             self.checkpoint()
         with self._lock:

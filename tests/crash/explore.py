@@ -1,0 +1,262 @@
+"""The crash-state explorer: every prefix of a trace, every way its pending writes land.
+
+For each prefix of a recorded workload's trace, ``CrashSimulator`` lists what was not yet
+durable; the explorer enumerates every subset of it when it is small and a seeded sample
+when it is not, builds each state, skips states already seen (by content digest), and
+hands each new one to the contract checker. A sample of the states is then *recovered
+under recording* and the crash states of recovery's own writes are explored in turn
+(a crash during recovery, then recovery again). Violations carry a reproducer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import attrs
+
+from spool import Spool
+from spool import format as fmt
+from spool.crashsim import CrashSimulator, RecordingFS, TreeState, Unit
+from spool.positions import decode_positions
+from spool.testing import FakeClock
+from tests.crash.contract import judge, judge_damaged, observe
+from tests.crash.workload import OPTIONS, START_TIME, Ledger, Recorded
+
+
+@attrs.define
+class Violation:
+    """One crash state that breaks the contract, with what it takes to reproduce it."""
+
+    workload: str
+    seed: int
+    steps: list[str]
+    prefix: int
+    last_ops: list[str]
+    kept: list[str]
+    problems: list[str]
+    during_recovery: bool = False
+
+    def __str__(self) -> str:
+        where = "a crash during recovery of " if self.during_recovery else ""
+        return (
+            f"{where}workload {self.workload} (seed {self.seed}, steps {self.steps}), "
+            f"crash after trace op {self.prefix}; last ops {self.last_ops}; "
+            f"pending units kept {self.kept}:\n  " + "\n  ".join(self.problems)
+        )
+
+
+@attrs.define
+class ExploreReport:
+    """What an exploration covered and found."""
+
+    states: int = 0
+    recovery_states: int = 0
+    damaged_states: int = 0
+    prefixes: int = 0
+    violations: list[Violation] = attrs.Factory(list)
+
+
+def scratch_base() -> str:
+    """Where states are built: tmpfs when the machine has one (its fsyncs are real system
+    calls, and cheap, which is what lets the suite check tens of thousands of states)."""
+    return (
+        "/dev/shm"
+        if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
+        else tempfile.gettempdir()
+    )
+
+
+@attrs.define
+class Explorer:
+    """Explores crash states of workloads; shares one 'seen' set across them."""
+
+    seed: int
+    exhaustive_max: int = 8
+    samples: int = 24
+    recovery_every: int = 0  # explore recovery's crashes for every n-th new state (0: never)
+    damage_every: int = 0  # also check a copy with one flipped durable byte (0: never)
+    max_states: int | None = None
+    stop_at_first: bool = False
+    report: ExploreReport = attrs.Factory(ExploreReport)
+    _seen: set[bytes] = attrs.Factory(set)
+
+    def _states(
+        self,
+        sim: CrashSimulator,
+        rng: random.Random,
+        prefixes: range,
+        exhaustive_max: int,
+        samples: int,
+    ) -> Iterator[tuple[int, tuple[Unit, ...], TreeState]]:
+        """New crash states of ``sim`` at ``prefixes``: cheap key first, then content."""
+        keys: set[tuple[int, frozenset[Unit]]] = set()
+        for prefix in prefixes:
+            self.report.prefixes += 1
+            pending = sim.pending(prefix)
+            for chosen in sim.states(
+                prefix, exhaustive_max=exhaustive_max, samples=samples, rng=rng
+            ):
+                key = sim.key(prefix, chosen, pending)
+                if key in keys:
+                    continue
+                keys.add(key)
+                state = sim.build(prefix, chosen)
+                digest = state.digest()
+                if digest in self._seen:
+                    continue
+                self._seen.add(digest)
+                yield prefix, chosen, state
+
+    def _done(self) -> bool:
+        if self.stop_at_first and self.report.violations:
+            return True
+        r = self.report
+        total = r.states + r.recovery_states + r.damaged_states
+        return self.max_states is not None and total >= self.max_states
+
+    def explore(self, recorded: Recorded) -> ExploreReport:
+        """Check every new crash state of ``recorded`` against its ledger."""
+        rng = random.Random(self.seed ^ recorded.seed)
+        sim = CrashSimulator(recorded.trace)
+        work = tempfile.mkdtemp(prefix="spool-crash-", dir=scratch_base())
+        try:
+            everywhere = range(len(sim.trace) + 1)
+            states = self._states(sim, rng, everywhere, self.exhaustive_max, self.samples)
+            for n, (prefix, chosen, state) in enumerate(states):
+                if self._done():
+                    break
+                self.report.states += 1
+                problems = self._check(state, work, recorded.ledger, prefix)
+                if problems:
+                    self._violation(recorded, sim, prefix, chosen, problems, False)
+                    continue
+                if self.recovery_every and n % self.recovery_every == 0:
+                    self._explore_recovery(recorded, state, work, prefix, rng)
+                if self.damage_every and n % self.damage_every == 0:
+                    self._check_damaged(recorded, sim, prefix, chosen, state, work, rng)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return self.report
+
+    def _check(
+        self, state: TreeState, work: str, ledger: Ledger, prefix: int, *, damaged: bool = False
+    ) -> list[str]:
+        dest = os.path.join(work, "state")
+        shutil.rmtree(dest, ignore_errors=True)
+        state.write(dest)
+        try:
+            obs = observe(os.path.join(dest, "spool"))
+            return judge_damaged(obs, ledger, prefix) if damaged else judge(obs, ledger, prefix)
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+
+    def _check_damaged(
+        self,
+        recorded: Recorded,
+        sim: CrashSimulator,
+        prefix: int,
+        chosen: tuple[Unit, ...],
+        state: TreeState,
+        work: str,
+        rng: random.Random,
+    ) -> None:
+        """Flip one byte of the durable log (media damage, not a crash): recovery and the
+        tools must report it (CorruptSpool, or a problem from the check), never cut it as
+        a torn tail or lose what is behind it."""
+        damaged = flip_durable_byte(state, rng)
+        if damaged is None:
+            return
+        flipped, where = damaged
+        digest = flipped.digest()
+        if digest in self._seen:
+            return
+        self._seen.add(digest)
+        self.report.damaged_states += 1
+        problems = self._check(flipped, work, recorded.ledger, prefix, damaged=True)
+        if problems:
+            self._violation(
+                recorded, sim, prefix, chosen, [f"after flipping {where}", *problems], False
+            )
+
+    def _violation(
+        self,
+        recorded: Recorded,
+        sim: CrashSimulator,
+        prefix: int,
+        chosen: tuple[Unit, ...],
+        problems: list[str],
+        during_recovery: bool,
+    ) -> None:
+        ops = sim.trace.ops[max(0, prefix - 4) : prefix]
+        self.report.violations.append(
+            Violation(
+                recorded.name,
+                recorded.seed,
+                recorded.steps,
+                prefix,
+                [op.describe() for op in ops],
+                [u.describe(sim.trace) for u in chosen],
+                problems,
+                during_recovery,
+            )
+        )
+
+    def _explore_recovery(
+        self, recorded: Recorded, state: TreeState, work: str, prefix: int, rng: random.Random
+    ) -> None:
+        """Crash recovery itself: record an open of ``state``, explore that trace."""
+        base = os.path.join(work, "recovering")
+        shutil.rmtree(base, ignore_errors=True)
+        state.write(base)
+        fs = RecordingFS(base)
+        try:
+            with Spool.open(
+                os.path.join(base, "spool"), fs=fs, clock=FakeClock(START_TIME + 10**6), **OPTIONS
+            ):
+                pass
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        sim = CrashSimulator(fs.trace)
+        for p, chosen, sub in self._states(sim, rng, range(1, len(fs.trace)), 4, 2):
+            if self._done():
+                return
+            self.report.recovery_states += 1
+            problems = self._check(sub, work, recorded.ledger, prefix)
+            if problems:
+                self._violation(recorded, sim, p, chosen, problems, True)
+
+
+def flip_durable_byte(state: TreeState, rng: random.Random) -> tuple[TreeState, str] | None:
+    """A copy of ``state`` with one bit of a segment flipped inside the durable log (before
+    the restart positions' ``consistent`` end), and where; None if nothing is durable."""
+    files = dict(state.files)
+    raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
+    positions = decode_positions(raw) if raw is not None else None
+    if positions is None:
+        return None
+    end = positions.consistent
+    candidates = []
+    for path, data in state.files:
+        if not path.startswith(os.path.join("spool", fmt.LOG_DIR, "")):
+            continue
+        seg = int(os.path.basename(path).split(".")[0])
+        if seg < end.segment:
+            limit = len(data)
+        elif seg == end.segment:
+            limit = min(len(data), end.offset)
+        else:
+            limit = 0
+        if limit > 0:
+            candidates.append((path, limit))
+    if not candidates:
+        return None
+    path, limit = rng.choice(candidates)
+    offset = rng.randrange(limit)
+    data = bytearray(files[path])
+    data[offset] ^= 1 << rng.randrange(8)
+    files[path] = bytes(data)
+    return TreeState(state.dirs, tuple(sorted(files.items()))), f"{path} byte {offset}"

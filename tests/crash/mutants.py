@@ -1,0 +1,192 @@
+"""Deliberately broken spools: the explorer must catch every one of them.
+
+Each mutant is a context manager that patches one ordering rule out of the spool (the
+rules of docs/design.md and docs/fault-model.md), in-process, for the duration of a
+workload and its exploration. A crash explorer that lets any of them through is blind to
+that class of bug, and the suite fails (tests/crash/test_crash_states.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from spool import bodies
+from spool import spool as spool_mod
+from spool.fs import FileSystem
+from spool.reader import LogCursor
+from spool.writer import LogWriter
+
+Mutant = Callable[[pytest.MonkeyPatch], None]
+
+
+class _Dropping(FileSystem):
+    """Delegates to ``inner`` but silently skips the operations named in ``drop``."""
+
+    def __init__(self, inner: FileSystem, drop: set[str]) -> None:
+        self._inner = inner
+        self._drop = drop
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("_"):
+            return object.__getattribute__(self, name)
+        if name in self._drop:
+            return lambda *args, **kwargs: None
+        return getattr(self._inner, name)
+
+
+def _writer_drops(mp: pytest.MonkeyPatch, drop: set[str]) -> None:
+    original = LogWriter.__init__
+
+    def init(self: LogWriter, fs: FileSystem, *args: Any, **kwargs: Any) -> None:
+        original(self, _Dropping(fs, drop), *args, **kwargs)
+
+    mp.setattr(LogWriter, "__init__", init)
+
+
+def ack_before_fsync(mp: pytest.MonkeyPatch) -> None:
+    """(W1) The writer wakes its callers without an fdatasync covering their frames."""
+    _writer_drops(mp, {"fdatasync"})
+
+
+def no_dirsync_for_new_segment(mp: pytest.MonkeyPatch) -> None:
+    """(W1) A new segment's directory entry is never fsynced."""
+    _writer_drops(mp, {"fsync_dir"})
+
+
+def positions_before_sync(mp: pytest.MonkeyPatch) -> None:
+    """(P1) Restart positions are stored before the log they describe is synced."""
+
+    def checkpoint(self: spool_mod.Spool) -> Any:
+        with self._checkpoint_lock:
+            with self._lock:
+                self._check_open()
+                self._close_abandoned()
+                positions = self._capture_positions()
+                doomed, self._doomed_bodies = self._doomed_bodies, []
+            spool_mod.store_positions(self._fs, self.path, positions)  # before the sync
+            self._writer.sync()
+            self._remove_bodies(doomed)
+            self._collect_garbage(positions)
+            return positions
+
+    mp.setattr(spool_mod.Spool, "checkpoint", checkpoint)
+
+
+def body_unlinked_early(mp: pytest.MonkeyPatch) -> None:
+    """(B2) A body file is unlinked as soon as its message finishes, before the finish
+    record is durable."""
+    original = spool_mod.Spool._release_body
+
+    def release(self: spool_mod.Spool, body: Any, msg_id: str) -> None:
+        original(self, body, msg_id)
+        if self._doomed_bodies and self._doomed_bodies[-1] == msg_id:
+            self._doomed_bodies.pop()
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.unlink(os.path.join(self._body_dir, msg_id))
+            self._fs.fsync_dir(self._body_dir)
+
+    mp.setattr(spool_mod.Spool, "_release_body", release)
+
+
+def segment_deleted_early(mp: pytest.MonkeyPatch) -> None:
+    """(P3) Retired segments are deleted before the positions retiring them are durable."""
+    original = spool_mod.Spool.checkpoint
+
+    def checkpoint(self: spool_mod.Spool) -> Any:
+        store = spool_mod.store_positions
+
+        def store_after_delete(fs: FileSystem, root: str, positions: Any) -> None:
+            self._collect_garbage(positions)
+            store(fs, root, positions)
+
+        with _patched(spool_mod, "store_positions", store_after_delete):
+            return original(self)
+
+    mp.setattr(spool_mod.Spool, "checkpoint", checkpoint)
+
+
+def delivery_not_synced(mp: pytest.MonkeyPatch) -> None:
+    """(W1) ``delivered()``/``failed()`` return before their delta is fdatasynced."""
+    original = spool_mod.Spool._report
+
+    def report(self: spool_mod.Spool, *args: Any) -> None:
+        with _patched(self._writer, "wait_durable", lambda end: None):
+            original(self, *args)
+
+    mp.setattr(spool_mod.Spool, "_report", report)
+
+
+def torn_tail_is_corruption(mp: pytest.MonkeyPatch) -> None:
+    """Recovery refuses every bad frame: a torn tail is reported as corruption."""
+    mp.setattr(LogCursor, "_looks_torn", lambda self, offset, size: False)
+
+
+def corruption_is_torn_tail(mp: pytest.MonkeyPatch) -> None:
+    """Recovery cuts every bad frame: damage before the durable end is silently cut."""
+
+    def bad(self: LogCursor, at: Any, reason: str, file_size: int) -> None:
+        from spool.reader import TornTail, _Stop
+
+        self.torn = TornTail(at, file_size, reason)
+        raise _Stop
+
+    mp.setattr(LogCursor, "_bad", bad)
+
+
+def replacement_drops_recipient(mp: pytest.MonkeyPatch) -> None:
+    """The replacement envelope of a deferred message leaves one recipient out."""
+    original = spool_mod.Spool._settle
+
+    def settle(self: spool_mod.Spool, state: Any, now: float, reason: str) -> None:
+        if len(state.deferred) > 1:
+            state.deferred.pop(sorted(state.deferred)[0])
+        original(self, state, now, reason)
+
+    mp.setattr(spool_mod.Spool, "_settle", settle)
+
+
+def body_file_not_synced(mp: pytest.MonkeyPatch) -> None:
+    """(B1) A body file is not fdatasynced before the envelope naming it is appended."""
+    original = bodies.write_body_file
+
+    def write(fs: FileSystem, *args: Any, **kwargs: Any) -> Any:
+        return original(_Dropping(fs, {"fdatasync"}), *args, **kwargs)
+
+    mp.setattr(spool_mod, "write_body_file", write)
+
+
+MUTANTS: dict[str, Mutant] = {
+    f.__name__: f
+    for f in (
+        ack_before_fsync,
+        no_dirsync_for_new_segment,
+        positions_before_sync,
+        body_unlinked_early,
+        segment_deleted_early,
+        delivery_not_synced,
+        torn_tail_is_corruption,
+        corruption_is_torn_tail,
+        replacement_drops_recipient,
+        body_file_not_synced,
+    )
+}
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """Set ``obj.name`` for the duration of the block (instance or module attribute)."""
+    had = name in vars(obj)
+    old = vars(obj).get(name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(obj, name, old)
+        else:
+            delattr(obj, name)
