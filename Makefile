@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SPOOL_DIR ?= var/spool
 
-.PHONY: install test test-fast test-crash lint typecheck fmt run bench bench-quick clean
+.PHONY: install test test-fast test-crash fuzz lint typecheck fmt run bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test-crash: $(STAMP)
 	$(BIN)/python -m coverage combine -q
 	$(BIN)/python -m coverage report --show-missing \
 		--include='spool/records.py,spool/framing.py,spool/recovery.py'
+
+# Coverage-guided fuzzing of the frame scanner and the record decoder (atheris).
+fuzz: $(STAMP)
+	$(BIN)/pip install --quiet atheris
+	$(BIN)/python -m tools.fuzz_records -runs=1000000
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

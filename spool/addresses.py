@@ -67,3 +67,11 @@ def check_sender(sender: object) -> str:
 def domain_of(address: str) -> str:
     """The domain part, lower-cased (for grouping by destination)."""
     return address.rpartition("@")[2].lower()
+
+
+def mailbox_key(address: str) -> str:
+    """The identity of a checked mailbox for duplicate detection: domains are not case
+    sensitive (RFC 5321 2.4), local parts are kept as written (only the destination
+    host may interpret them)."""
+    local, _, domain = address.rpartition("@")
+    return f"{local}@{domain.lower()}"

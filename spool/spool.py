@@ -44,7 +44,7 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.addresses import check_mailbox, check_sender
+from spool.addresses import check_mailbox, check_sender, mailbox_key
 from spool.bodies import read_body, read_inline_body, write_body_file
 from spool.errors import (
     BadSpoolDirectory,
@@ -507,8 +507,9 @@ class Spool:
             )
         for r in rcpts:
             check_mailbox(r)
-        if len(set(rcpts)) != len(rcpts):
-            dupes = sorted({r for r in rcpts if rcpts.count(r) > 1})
+        keys = [mailbox_key(r) for r in rcpts]
+        if len(set(keys)) != len(keys):
+            dupes = sorted({r for r, k in zip(rcpts, keys, strict=True) if keys.count(k) > 1})
             raise InvalidMessage(f"duplicate recipients: {', '.join(dupes)}")
         return rcpts
 

@@ -1,0 +1,208 @@
+"""Programs the contract tests run as real processes (``python -m tests.contract.children``).
+
+``serve``: a fork server. It imports the spool once, then reads commands on standard
+input, one a line, and runs each in a forked child process, so that a kill test pays the
+interpreter start once rather than at every kill:
+
+    ``load DIR ACKS SEED``  fork a child running ``load``; print ``pid N``
+    ``kill``                SIGKILL that child (it is still unreaped, so its pid cannot
+                            have been reused), reap it, print ``exit N STATUS``
+
+The server is single-threaded, so forking it is safe. Children print ``opening`` just
+before ``Spool.open`` and ``running SECONDS`` once it returned.
+
+``load`` owns the spool and runs accept and delivery threads flat out. Every line it
+appends to ACKS is written with one ``write`` to an ``O_APPEND`` file and fdatasynced:
+
+    ``A MSG R1,R2``  ``accept`` returned MSG for these recipients
+    ``I MSG R S``    about to report R of MSG with status S (D, F or R for deferred):
+                     written before the call, so a kill between a delivery and its durable
+                     record shows up as an intent without an acknowledgement
+    ``D MSG R``      ``delivered([R])`` returned;  ``F MSG R``: ``failed([R])`` returned
+    ``X MSG why``    the child saw something wrong (body data that is not what was sent)
+
+``traffic DIR``: real traffic on a small-segment spool (several segments, body files,
+deferred, delivered and in-flight mail, records after the last restart positions), then
+exit without closing, as a crash would. Prints the accepted ids, one a line.
+
+``hold-open DIR``: open the spool, print ``open``, and wait to be killed (a second owner
+for the lock tests).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import zlib
+from typing import Any
+
+from spool import Spool
+
+TORTURE_OPTIONS: dict[str, Any] = {
+    "retry_intervals": [0.02, 0.05],
+    "segment_size": 64 * 1024,
+    "checkpoint_interval": 0.05,
+    "inline_body_max": 4096,
+    "sync_interval": 0.05,
+}
+
+
+def emit(line: str) -> None:
+    """One line to standard output in one write (atomic on a pipe)."""
+    os.write(1, (line + "\n").encode())
+
+
+def make_body(rng: random.Random) -> bytes:
+    """A body whose first 8 bytes are the CRC of the rest, so readers can verify it."""
+    size = rng.choice(
+        [rng.randrange(20, 600), rng.randrange(600, 3000), rng.randrange(5000, 20000)]
+    )
+    payload = rng.randbytes(size)
+    return b"%08x" % zlib.crc32(payload) + payload
+
+
+def body_is_intact(data: bytes) -> bool:
+    return len(data) >= 8 and data[:8] == b"%08x" % zlib.crc32(data[8:])
+
+
+def load(spool_dir: str, acks_path: str, seed: int) -> None:
+    emit("opening")
+    started = time.monotonic()
+    sp = Spool.open(spool_dir, **TORTURE_OPTIONS)
+    emit(f"running {time.monotonic() - started:.6f}")
+    acks = os.open(acks_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def ack(line: str) -> None:
+        os.write(acks, (line + "\n").encode())
+        os.fdatasync(acks)
+
+    def producer(k: int) -> None:
+        rng = random.Random(seed * 100 + k)
+        n = 0
+        while True:
+            rcpts = [f"p{seed}-{k}-{n}-{j}@example.net" for j in range(1 + rng.randrange(3))]
+            msg_id = sp.accept("a@example.org", rcpts, make_body(rng))
+            ack(f"A {msg_id} {','.join(rcpts)}")
+            n += 1
+
+    def worker(k: int) -> None:
+        rng = random.Random(seed * 100 + 50 + k)
+        while True:
+            attempt = sp.claim(timeout=0.02)
+            if attempt is None:
+                continue
+            with attempt:
+                msg_id = attempt.msg_id
+                if rng.random() < 0.2 and not body_is_intact(attempt.read_data()):
+                    ack(f"X {msg_id} body-data-differs")
+                pending = list(attempt.envelope.recipients)
+                if rng.random() < 0.3:
+                    for r in pending:
+                        ack(f"I {msg_id} {r} D")
+                    attempt.delivered(pending, "250 2.0.0 ok")
+                    for r in pending:
+                        ack(f"D {msg_id} {r}")
+                    continue
+                for r in pending:
+                    roll = rng.random()
+                    if roll < 0.6:
+                        ack(f"I {msg_id} {r} D")
+                        attempt.delivered([r], "250 2.0.0 ok")
+                        ack(f"D {msg_id} {r}")
+                    elif roll < 0.7:
+                        ack(f"I {msg_id} {r} F")
+                        attempt.failed([r], "550 5.1.1 no such user")
+                        ack(f"F {msg_id} {r}")
+                    elif roll < 0.9:
+                        ack(f"I {msg_id} {r} R")
+                        attempt.deferred([r], "451 4.3.0 try later")
+                    # else: left unreported; closing the attempt defers it
+
+    threads = [threading.Thread(target=producer, args=(k,), daemon=True) for k in range(3)]
+    threads += [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def serve() -> None:
+    child = 0
+    for line in sys.stdin:
+        command, *args = line.split()
+        if command == "load":
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    load(args[0], args[1], int(args[2]))
+                except BaseException as exc:
+                    os.write(2, f"load child failed: {exc!r}\n".encode())
+                    code = 70
+                finally:
+                    os._exit(code)
+            child = pid
+            emit(f"pid {pid}")
+        elif command == "kill" and child:
+            os.kill(child, signal.SIGKILL)
+            _, status = os.waitpid(child, 0)
+            emit(f"exit {child} {status}")
+            child = 0
+
+
+TRAFFIC_OPTIONS: dict[str, Any] = {
+    "retry_intervals": [60.0, 600.0],
+    "segment_size": 8 * 1024,
+    "inline_body_max": 2048,
+    "checkpoint_interval": 3600.0,
+}
+
+
+def traffic(spool_dir: str) -> None:
+    sp = Spool.open(spool_dir, **TRAFFIC_OPTIONS)
+    rng = random.Random(5)
+    ids = []
+    for i in range(80):
+        if i == 60:
+            sp.checkpoint()  # what follows lies after the restart positions' durable end
+        rcpts = [f"t{i}-{j}@example.net" for j in range(1 + i % 3)]
+        ids.append(sp.accept("a@example.org", rcpts, make_body(rng)))
+        if i % 4 == 3:
+            attempt = sp.claim()
+            assert attempt is not None
+            head, *rest = attempt.envelope.recipients
+            if i < 70 or i % 8 == 3:
+                with attempt:
+                    attempt.delivered([head], "250 2.0.0 ok")
+                    if rest:
+                        attempt.deferred(rest, "451 4.3.0 later")
+            else:
+                attempt.delivered([head], "250 2.0.0 ok")  # left in flight
+    sp.sync()
+    for msg_id in ids:
+        emit(msg_id)
+    os._exit(0)
+
+
+def hold_open(spool_dir: str) -> None:
+    Spool.open(spool_dir)
+    emit("open")
+    while True:
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    name, *rest = sys.argv[1:]
+    if name == "serve":
+        serve()
+    elif name == "traffic":
+        traffic(rest[0])
+    elif name == "hold-open":
+        hold_open(rest[0])
+    else:
+        raise SystemExit(f"unknown program {name}")
