@@ -24,7 +24,7 @@ from spool.crashsim import CrashSimulator, RecordingFS, TreeState, Unit
 from spool.positions import decode_positions
 from spool.testing import FakeClock
 from tests.crash.contract import judge, judge_damaged, observe
-from tests.crash.workload import OPTIONS, START_TIME, Ledger, Recorded
+from tests.crash.workload import OPTIONS, START_TIME, Ledger, Recorded, trace_features
 
 
 @attrs.define
@@ -56,6 +56,7 @@ class ExploreReport:
     states: int = 0
     recovery_states: int = 0
     damaged_states: int = 0
+    features: set[str] = attrs.Factory(set)
     prefixes: int = 0
     violations: list[Violation] = attrs.Factory(list)
 
@@ -122,6 +123,7 @@ class Explorer:
         """Check every new crash state of ``recorded`` against its ledger."""
         rng = random.Random(self.seed ^ recorded.seed)
         sim = CrashSimulator(recorded.trace)
+        self.report.features |= trace_features(recorded.trace) | {f"workload {recorded.name}"}
         work = tempfile.mkdtemp(prefix="spool-crash-", dir=scratch_base())
         try:
             everywhere = range(len(sim.trace) + 1)
@@ -221,6 +223,8 @@ class Explorer:
         finally:
             shutil.rmtree(base, ignore_errors=True)
         sim = CrashSimulator(fs.trace)
+        if any(op.kind == "write" for op in fs.trace.ops):
+            self.report.features.add("recovery interrupted")
         for p, chosen, sub in self._states(sim, rng, range(1, len(fs.trace)), 4, 2):
             if self._done():
                 return

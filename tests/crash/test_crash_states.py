@@ -33,7 +33,7 @@ import pytest
 
 from tests.crash.explore import Explorer, ExploreReport, scratch_base
 from tests.crash.mutants import MUTANTS
-from tests.crash.workload import run_workload
+from tests.crash.workload import MENUS, run_named, run_workload
 
 STATES = int(os.environ.get("SPOOL_CRASH_STATES", "20000"))
 FIRST_SEED = int(os.environ.get("SPOOL_CRASH_SEED", "1"))
@@ -50,7 +50,7 @@ def explore_seeds(first: int, stride: int, target: int, **options: int) -> Explo
             return r
         base = tempfile.mkdtemp(prefix="spool-workload-", dir=scratch_base())
         try:
-            recorded = run_workload(base, seed, STEPS)
+            recorded = run_named(base, seed, STEPS)
         finally:
             shutil.rmtree(base, ignore_errors=True)
         explorer.explore(recorded)
@@ -76,15 +76,27 @@ def test_every_crash_state_of_generated_workloads_keeps_the_contract(
     during_recovery = sum(r.recovery_states for r in reports)
     damaged = sum(r.damaged_states for r in reports)
     violations = [v for r in reports for v in r.violations]
+    features = set().union(*(r.features for r in reports))
     with capsys.disabled():
         print(
             f"\ncrash states checked: {states + during_recovery + damaged} distinct "
             f"({states} after workload crashes, {during_recovery} after crashes during "
             f"recovery, {damaged} with a flipped durable byte) over "
             f"{sum(r.prefixes for r in reports)} trace prefixes in "
-            f"{time.monotonic() - started:.0f} s; violations: {len(violations)}"
+            f"{time.monotonic() - started:.0f} s; violations: {len(violations)}; "
+            f"workloads exercised: {', '.join(sorted(features))}"
         )
     assert states + during_recovery + damaged >= STATES
+    wanted = {
+        "segment created",
+        "restart positions replaced",
+        "segment deleted",
+        "body file written",
+        "body file deleted",
+        "recovery interrupted",
+        *(f"workload {name}" for name, _menu in MENUS),
+    }
+    assert wanted <= features, f"the workloads never exercised {sorted(wanted - features)}"
     assert not violations, "\n\n".join(str(v) for v in violations[:5])
 
 

@@ -115,6 +115,42 @@ STEPS = (
 )
 
 
+# Named workloads: the seed picks one (seed % len), so every exploration mixes them.
+MENUS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("accept-only", ("accept",)),
+    ("accept-deliver-defer", ("accept", "accept", "attempt", "attempt", "advance")),
+    ("rollover-checkpoint-delete", ("accept", "attempt", "attempt", "advance", "checkpoint")),
+    ("operator-and-restart", ("accept", "attempt", "hold", "release", "delete", "retry", "reopen")),
+    ("everything", STEPS),
+)
+
+
+def run_named(base: str, seed: int, n_steps: int) -> Recorded:
+    """Run the named workload that ``seed`` picks."""
+    name, menu = MENUS[seed % len(MENUS)]
+    recorded = run_workload(base, seed, n_steps, menu=menu)
+    recorded.name = name
+    return recorded
+
+
+def trace_features(trace: Trace) -> set[str]:
+    """What a trace exercises, for the explorer's report (it must cover each of these)."""
+    features = set()
+    for op in trace.ops:
+        name = op.path if op.kind != "rename" else op.dst
+        if op.kind == "create" and name.endswith(".seg"):
+            features.add("segment created")
+        elif op.kind == "rename" and name.endswith("positions"):
+            features.add("restart positions replaced")
+        elif op.kind == "unlink" and name.endswith(".seg"):
+            features.add("segment deleted")
+        elif op.kind == "create" and "/bodies/" in name:
+            features.add("body file written")
+        elif op.kind == "unlink" and "/bodies/" in name:
+            features.add("body file deleted")
+    return features
+
+
 def run_workload(base: str, seed: int, n_steps: int, *, menu: tuple[str, ...] = STEPS) -> Recorded:
     """Run a generated workload in ``base`` (empty) and return its trace and ledger."""
     rng = random.Random(seed)
