@@ -1,0 +1,136 @@
+"""One crash state each for the violations the explorer found, pinned as regression tests.
+
+Each test runs a short scripted workload on the recording file system, picks the exact
+crash state that broke the contract before the fix (a trace prefix and which pending
+writes survive), and checks it with the same contract checker as the explorer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from spool import Spool
+from spool.crashsim import CrashSimulator, RecordingFS, Unit
+from spool.testing import FakeClock
+from tests.crash.contract import judge, observe
+from tests.crash.workload import OPTIONS, START_TIME, Call, Ledger
+
+
+def record(
+    base: Path, script: Callable[[Spool, Ledger, RecordingFS], None]
+) -> tuple[RecordingFS, Ledger]:
+    fs = RecordingFS(str(base))
+    ledger = Ledger()
+    sp = Spool.open(str(base / "spool"), fs=fs, clock=FakeClock(START_TIME), **OPTIONS)
+    script(sp, ledger, fs)
+    sp.close()
+    return fs, ledger
+
+
+def accept(
+    sp: Spool, ledger: Ledger, fs: RecordingFS, rcpts: tuple[str, ...], size: int = 40
+) -> str:
+    begin = len(fs.trace)
+    msg = sp.accept("s@example.org", rcpts, b"x" * size)
+    ledger.calls.append(Call("accept", msg, rcpts, begin, len(fs.trace)))
+    return msg
+
+
+def check_state(tmp: Path, fs: RecordingFS, ledger: Ledger, prefix: int, keep: list[Unit]) -> None:
+    state = CrashSimulator(fs.trace).build(prefix, keep)
+    dest = tmp / "state"
+    state.write(str(dest))
+    problems = judge(observe(str(dest / "spool")), ledger, prefix)
+    assert not problems, problems
+
+
+def first_op(fs: RecordingFS, kind: str, suffix: str = "", after: int = 0) -> int:
+    for i, op in enumerate(fs.trace.ops):
+        name = op.dst if op.kind == "rename" else op.path
+        if i >= after and op.kind == kind and name.endswith(suffix):
+            return i
+    raise AssertionError(f"no {kind} {suffix} in the trace")
+
+
+def test_a_new_spool_directory_is_fsynced_into_its_parent(tmp_path: Path) -> None:
+    # Before: the spool's own directory entry was never made durable, so a power cut
+    # could take every acknowledged message with it.
+    fs, _ = record(tmp_path / "w", lambda sp, ledger, fs: None)
+    mkdir = first_op(fs, "mkdir", "spool")
+    assert fs.trace.ops[mkdir + 1].kind == "dirsync" and fs.trace.ops[mkdir + 1].path == "."
+
+
+def test_a_removed_torn_segment_leaves_no_gap_in_the_numbers(tmp_path: Path) -> None:
+    # Before: recovery removed a newest segment whose header never became durable and
+    # then started the next number, so the following open refused the gap.
+    def script(sp: Spool, ledger: Ledger, fs: RecordingFS) -> None:
+        for i in range(8):  # past segment_size: the log rolls over
+            accept(sp, ledger, fs, (f"r{i}@example.net",), 900)
+
+    fs, ledger = record(tmp_path / "w", script)
+    created = first_op(fs, "create", "00000000000000000002.seg")
+    sim = CrashSimulator(fs.trace)
+    keep = [u for u in sim.pending(created + 1) if u.op_index == created]
+    check_state(tmp_path, fs, ledger, created + 1, keep)
+
+
+def test_an_interrupted_segment_deletion_is_finished_not_refused(tmp_path: Path) -> None:
+    # Before: a crash that kept a later unlink and lost an earlier one left a gap below
+    # the garbage front, and recovery refused to open.
+    def script(sp: Spool, ledger: Ledger, fs: RecordingFS) -> None:
+        for i in range(10):
+            accept(sp, ledger, fs, (f"r{i}@example.net",), 900)
+        while (attempt := sp.claim()) is not None:
+            begin = len(fs.trace)
+            attempt.delivered(attempt.envelope.recipients, "250 ok")
+            ledger.calls.append(
+                Call("settle", attempt.msg_id, attempt.envelope.recipients, begin, len(fs.trace))
+            )
+            attempt.close()
+        sp.checkpoint()
+
+    fs, ledger = record(tmp_path / "w", script)
+    unlinks = [
+        i for i, op in enumerate(fs.trace.ops) if op.kind == "unlink" and op.path.endswith(".seg")
+    ]
+    assert len(unlinks) >= 2
+    prefix = unlinks[1] + 1
+    keep = [u for u in CrashSimulator(fs.trace).pending(prefix) if u.op_index == unlinks[1]]
+    check_state(tmp_path, fs, ledger, prefix, keep)
+
+
+def test_a_tear_that_keeps_an_envelope_but_not_its_body_cuts_both(tmp_path: Path) -> None:
+    # Before: the envelope survived as a live message whose body frame was torn, and the
+    # body read failed when the message was attempted.
+    def script(sp: Spool, ledger: Ledger, fs: RecordingFS) -> None:
+        accept(sp, ledger, fs, ("a@example.net",), 40)
+        accept(sp, ledger, fs, ("b@example.net",), 700)  # envelope + body span two sectors
+
+    fs, ledger = record(tmp_path / "w", script)
+    write = ledger.calls[1].begin
+    assert fs.trace.ops[write].kind == "write" and len(fs.trace.ops[write].data) > 512
+    sim = CrashSimulator(fs.trace)
+    first_sector = [u for u in sim.pending(write + 1) if u.op_index == write][:1]
+    check_state(tmp_path, fs, ledger, write + 1, first_sector)
+
+
+def test_deleting_a_message_in_flight_is_durable_when_its_attempt_ends(tmp_path: Path) -> None:
+    # Before: the records an operator delete wrote at the end of the attempt were not
+    # waited for, so a crash right after could bring the message back.
+    def script(sp: Spool, ledger: Ledger, fs: RecordingFS) -> None:
+        msg = accept(sp, ledger, fs, ("a@example.net", "b@example.net"))
+        attempt = sp.claim()
+        assert attempt is not None
+        begin = len(fs.trace)
+        sp.delete(msg)
+        attempt.close()
+        ledger.calls.append(
+            Call("settle", msg, ("a@example.net", "b@example.net"), begin, len(fs.trace))
+        )
+
+    fs, ledger = record(tmp_path / "w", script)
+    end = ledger.calls[-1].end
+    check_state(tmp_path, fs, ledger, end, [])  # nothing un-synced survives the cut
+    with Spool.open(str(tmp_path / "state" / "spool"), **OPTIONS) as sp:
+        assert list(sp.list()) == [], "the deleted message came back"
