@@ -23,6 +23,7 @@ against deliberately broken spools (``tests/crash/mutants.py``) and fails if any
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import shutil
@@ -86,6 +87,18 @@ def test_every_crash_state_of_generated_workloads_keeps_the_contract(
             f"{time.monotonic() - started:.0f} s; violations: {len(violations)}; "
             f"workloads exercised: {', '.join(sorted(features))}"
         )
+    report_dir = os.environ.get("SPOOL_REPORT_DIR")
+    if report_dir:
+        figures = {
+            "states": states + during_recovery + damaged,
+            "after_workload_crashes": states,
+            "after_crashes_during_recovery": during_recovery,
+            "with_flipped_durable_byte": damaged,
+            "violations": len(violations),
+            "seconds": round(time.monotonic() - started),
+        }
+        with open(os.path.join(report_dir, "crash_states.json"), "w") as f:
+            json.dump(figures, f, indent=1)
     assert states + during_recovery + damaged >= STATES
     wanted = {
         "segment created",
