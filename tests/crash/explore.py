@@ -116,7 +116,7 @@ class Explorer:
         if self.stop_at_first and self.report.violations:
             return True
         r = self.report
-        total = r.states + r.recovery_states + r.damaged_states
+        total = r.states + r.recovery_states  # crash states; damaged copies come on top
         return self.max_states is not None and total >= self.max_states
 
     def explore(self, recorded: Recorded) -> ExploreReport:
