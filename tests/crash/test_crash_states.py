@@ -42,12 +42,14 @@ STEPS = 30
 
 
 def explore_seeds(first: int, stride: int, target: int, **options: int) -> ExploreReport:
-    """Explore workloads ``first``, ``first + stride``, ... until ``target`` new states."""
+    """Explore workloads ``first``, ``first + stride``, ... until ``target`` new states
+    (and at least one workload of each named kind)."""
     explorer = Explorer(seed=first, **options)
     seed = first
     while True:
         r = explorer.report
-        if r.states + r.recovery_states >= target:
+        every_menu = (seed - first) // stride >= len(MENUS)
+        if r.states + r.recovery_states >= target and every_menu:
             return r
         base = tempfile.mkdtemp(prefix="spool-workload-", dir=scratch_base())
         try:
