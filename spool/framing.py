@@ -123,30 +123,18 @@ def peek_header(
 class Scanner:
     """Turns a stream of bytes into frames; fed with ``feed``, pulled with ``next``.
 
-    Does no I/O. ``offset`` is the stream offset of the next frame. After a ``BadFrame`` the
-    scanner stays at the bad offset: what to do next is the caller's decision.
+    Does no I/O. After a ``BadFrame`` the scanner stays at the bad bytes: what to do next
+    is the caller's decision.
     """
 
-    def __init__(self, offset: int = 0) -> None:
+    def __init__(self) -> None:
         self._buf = bytearray()
-        self._base = offset
         self._pos = 0
-
-    @property
-    def offset(self) -> int:
-        """Stream offset of the next frame to parse."""
-        return self._base + self._pos
-
-    @property
-    def buffered(self) -> int:
-        """Bytes fed but not yet consumed."""
-        return len(self._buf) - self._pos
 
     def feed(self, data: bytes) -> None:
         """Append bytes to the stream."""
         if self._pos > 65536 and self._pos * 2 > len(self._buf):
             del self._buf[: self._pos]
-            self._base += self._pos
             self._pos = 0
         self._buf += data
 

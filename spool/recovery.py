@@ -357,15 +357,19 @@ def _decide_all(
     now: float,
     class_for_attempts: Callable[[int], int],
 ) -> tuple[list[rec.Record], int]:
+    """Records that settle every message left in flight, in start-record order, and how
+    many of them the crash-loop breaker held."""
     last_class = class_for_attempts(1 << 30)
-    """Records that settle every message left in flight, in start-record order."""
     out: list[rec.Record] = []
     held = 0
     for msg_id, w in sorted(working.items(), key=lambda kv: kv[1].start_at):
         if w.settled:
             continue
         frame = read_frame_at(fs, log_dir, w.envelope_at)
-        env = rec.decode(frame.type, frame.payload)
+        try:
+            env: rec.Record | None = rec.decode(frame.type, frame.payload)
+        except rec.RecordError:
+            env = None  # a BODY or PAD frame, or a checked frame that holds no record
         if not isinstance(env, rec.Envelope) or env.msg_id != msg_id:
             path = os.path.join(log_dir, fmt.segment_name(w.envelope_at.segment))
             raise CorruptSpool(path, w.envelope_at.offset, f"start of {msg_id} names no envelope")

@@ -1,0 +1,361 @@
+"""Edges of recovery: damage no crash explains, and records only a crash leaves behind.
+
+Each test builds a real spool with ``Spool``, then appends frames by hand to a segment file
+the way the writer does (one write at the end of the file, padded to a sector, then
+fdatasync), and opens the spool again. Checked frames that make no sense must stop the
+open with ``CorruptSpool`` naming the file and offset, and leave the log as it was; what a
+crash can leave (a torn tail, a durable record the positions do not know yet) is recovered.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import attrs
+import cbor2
+import pytest
+
+from spool import Spool
+from spool import format as fmt
+from spool import records as rec
+from spool.errors import CorruptSpool
+from spool.framing import Frame, encode_frame, padding_for
+from spool.fs import FileSystem
+from spool.positions import load_positions, store_positions
+from spool.reader import LogCursor, SkippedBody
+from spool.records import Position
+from spool.recovery import RecoveredState, recover
+from spool.testing import FakeClock
+from spool.writer import segment_header
+
+FS = FileSystem()
+LONE_ID = "6B0357990E172DB3"  # the id of a message that was never accepted here
+
+
+def segment_path(spool_dir: str, number: int) -> str:
+    return os.path.join(spool_dir, fmt.LOG_DIR, fmt.segment_name(number))
+
+
+def newest_segment(spool_dir: str) -> int:
+    names = os.listdir(os.path.join(spool_dir, fmt.LOG_DIR))
+    return max(n for n in map(fmt.parse_segment_name, names) if n is not None)
+
+
+def frame_of(record: rec.Record) -> bytes:
+    return encode_frame(*rec.encode(record))
+
+
+def append_batch(path: str, frames: bytes, *, pad: bool = True) -> int:
+    """Append ``frames`` at the end of a segment file as one synced write; their offset.
+
+    ``pad`` adds the PAD frame the writer ends every batch with; without it the file ends
+    right after ``frames``.
+    """
+    fd = FS.open(path, os.O_WRONLY)
+    try:
+        offset = FS.size(fd)
+        data = frames + (padding_for(offset + len(frames)) if pad else b"")
+        FS.pwrite(fd, data, offset)
+        FS.fdatasync(fd)
+    finally:
+        FS.close(fd)
+    return offset
+
+
+def create_segment(spool_dir: str, number: int, data: bytes = b"") -> str:
+    """A new segment file: its header, then ``data``, synced with its directory entry."""
+    path = segment_path(spool_dir, number)
+    fd = FS.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        FS.pwrite(fd, segment_header(number) + data, 0)
+        FS.fdatasync(fd)
+    finally:
+        FS.close(fd)
+    FS.fsync_dir(os.path.dirname(path))
+    return path
+
+
+def frames_in(spool_dir: str, segment: int) -> list[tuple[Position, Frame]]:
+    """Every frame of one segment, with its position."""
+    log_dir = os.path.join(spool_dir, fmt.LOG_DIR)
+    cursor = LogCursor(FS, log_dir, Position(segment, 0), newest_segment=segment)
+    try:
+        out = []
+        for pos, frame in cursor:
+            if pos.segment != segment:
+                break
+            assert not isinstance(frame, SkippedBody)
+            out.append((pos, frame))
+        return out
+    finally:
+        cursor.close()
+
+
+def envelope_at(spool_dir: str, segment: int, msg_id: str) -> tuple[Position, Position]:
+    """Positions of the first envelope of ``msg_id`` and of the BODY frame after it."""
+    for (pos, frame), (body_pos, _body) in itertools.pairwise(frames_in(spool_dir, segment)):
+        record = rec.decode(frame.type, frame.payload) if frame.type == fmt.T_ENVELOPE else None
+        if isinstance(record, rec.Envelope) and record.msg_id == msg_id:
+            return pos, body_pos
+    raise AssertionError(f"no envelope of {msg_id} in segment {segment}")
+
+
+def first_envelope(msg_id: str, clock: FakeClock) -> rec.Envelope:
+    """An envelope as ``accept`` writes it: its BODY frame must follow it directly."""
+    return rec.Envelope(
+        msg_id=msg_id,
+        sender="a@example.org",
+        recipients=("b@example.net",),
+        accepted_at=clock(),
+        written_at=clock(),
+        body=rec.BodyRef(rec.BODY_INLINE, 5),
+    )
+
+
+def accepted_spool(spool_dir: str, clock: FakeClock, count: int = 1) -> list[str]:
+    """A closed spool holding ``count`` accepted messages; their ids."""
+    with Spool.open(spool_dir, clock=clock) as sp:
+        return [sp.accept("a@example.org", [f"r{i}@example.net"], b"hello") for i in range(count)]
+
+
+def recover_dry(spool_dir: str, clock: FakeClock) -> RecoveredState:
+    return recover(
+        FS,
+        spool_dir,
+        n_classes=7,
+        crash_limit=3,
+        clock=clock,
+        class_for_attempts=lambda attempts: min(attempts, 6),
+        dry_run=True,
+    )
+
+
+def assert_corrupt_at(spool_dir: str, clock: FakeClock, path: str, offset: int, why: str) -> None:
+    """Opening fails naming ``path`` and ``offset``; the log on disk is left as it was."""
+    log = Path(spool_dir, fmt.LOG_DIR)
+    before = {p.name: p.read_bytes() for p in log.iterdir()}
+    for _ in range(2):  # the failed open released the spool: the next one fails the same way
+        with pytest.raises(CorruptSpool) as info:
+            Spool.open(spool_dir, clock=clock)
+        assert (info.value.path, info.value.offset) == (path, offset)
+        assert why in info.value.reason
+        assert path in str(info.value) and f"offset {offset}" in str(info.value)
+    assert {p.name: p.read_bytes() for p in log.iterdir()} == before
+
+
+# --- a first envelope without its body -----------------------------------------------------
+
+
+def test_a_first_envelope_followed_by_a_frame_other_than_its_body_is_corrupt(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    accepted_spool(spool_dir, clock)
+    path = segment_path(spool_dir, newest_segment(spool_dir))
+    # The envelope and the PAD that ends its batch: a tear can lose frames at the end of
+    # a batch, never one in the middle, so this is damage even after the durable end.
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock)))
+    assert_corrupt_at(spool_dir, clock, path, at, "envelope without its body")
+
+
+def test_a_first_envelope_whose_body_frame_opens_the_next_segment_is_corrupt(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    accepted_spool(spool_dir, clock)
+    last = newest_segment(spool_dir)
+    path = segment_path(spool_dir, last)
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock)), pad=False)
+    body = encode_frame(fmt.T_BODY, rec.encode_body(LONE_ID, b"hello"))
+    create_segment(spool_dir, last + 1, body + padding_for(fmt.SEGMENT_HEADER_SIZE + len(body)))
+    # An envelope and its body are one piece of one batch: a frame never spans segments.
+    assert_corrupt_at(spool_dir, clock, path, at, "envelope without its body")
+
+
+def test_a_first_envelope_ending_an_older_segment_is_corrupt_not_a_torn_tail(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    accepted_spool(spool_dir, clock)
+    last = newest_segment(spool_dir)
+    path = segment_path(spool_dir, last)
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock)), pad=False)
+    # A newer segment whose only batch was torn away (zeros after its header): the older
+    # segment was fully synced before it was created (W3), so its last frame is no tear.
+    create_segment(spool_dir, last + 1, bytes(fmt.SECTOR - fmt.SEGMENT_HEADER_SIZE))
+    assert_corrupt_at(spool_dir, clock, path, at, "envelope without its body")
+
+
+def test_a_first_envelope_ending_the_log_before_the_durable_end_is_corrupt(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    accepted_spool(spool_dir, clock)
+    path = segment_path(spool_dir, newest_segment(spool_dir))
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock)), pad=False)
+    positions = load_positions(FS, spool_dir)
+    assert positions is not None and positions.consistent <= Position(newest_segment(spool_dir), at)
+    # Positions vouching for the envelope: the log was durable past it, so no crash can
+    # have lost its body.
+    end = Position(newest_segment(spool_dir), os.path.getsize(path))
+    store_positions(FS, spool_dir, attrs.evolve(positions, consistent=end))
+    assert_corrupt_at(spool_dir, clock, path, at, "envelope without its body")
+
+
+def test_a_first_envelope_ending_the_newest_segment_after_the_durable_end_is_a_torn_tail(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    (kept,) = accepted_spool(spool_dir, clock)
+    last = newest_segment(spool_dir)
+    path = segment_path(spool_dir, last)
+    envelope = frame_of(first_envelope(LONE_ID, clock))
+    at = append_batch(path, envelope, pad=False)
+    with Spool.open(spool_dir, clock=clock) as sp:
+        # Its accept never returned: the envelope goes with the body the crash lost.
+        assert sp.recovery.torn_at == Position(last, at)
+        assert sp.recovery.torn_bytes_cut == len(envelope)
+        assert [entry.msg_id for entry in sp.list()] == [kept]
+    assert os.path.getsize(path) == at
+
+
+def test_each_torn_tail_is_kept_in_the_corrupt_directory_once_it_exists(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    accepted_spool(spool_dir, clock)
+    kept = []
+    for msg_id in (LONE_ID, "6B0357990E172DB4"):
+        last = newest_segment(spool_dir)
+        path = segment_path(spool_dir, last)
+        envelope = frame_of(first_envelope(msg_id, clock))
+        at = append_batch(path, envelope, pad=False)
+        with Spool.open(spool_dir, clock=clock) as sp:
+            assert sp.recovery.torn_at == Position(last, at)
+        kept.append((f"{fmt.segment_name(last)}.{at}.torn", envelope))
+    corrupt = Path(spool_dir, fmt.CORRUPT_DIR)
+    assert sorted(p.name for p in corrupt.iterdir()) == sorted(name for name, _ in kept)
+    for name, data in kept:
+        assert (corrupt / name).read_bytes() == data
+
+
+# --- checked frames that are not records -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ftype", "payload", "why"),
+    [
+        pytest.param(fmt.T_DELTA, b"\xff\xfe", "not CBOR", id="not-cbor"),
+        pytest.param(fmt.T_FINISH, cbor2.dumps([1, 2]), "not a CBOR map", id="not-a-map"),
+        pytest.param(
+            fmt.T_START,
+            cbor2.dumps({"id": LONE_ID, "env": "nowhere", "cls": 0, "ts": 1.8e9}),
+            "bad position",
+            id="bad-field",
+        ),
+        pytest.param(
+            fmt.T_CONTROL,
+            cbor2.dumps({"act": "purge", "tgt": LONE_ID, "ts": 1.8e9}),
+            "unknown control action",
+            id="unknown-action",
+        ),
+    ],
+)
+def test_a_frame_that_passes_its_check_but_is_no_record_is_corrupt_at_its_offset(
+    spool_dir: str, clock: FakeClock, ftype: int, payload: bytes, why: str
+) -> None:
+    accepted_spool(spool_dir, clock)
+    path = segment_path(spool_dir, newest_segment(spool_dir))
+    at = append_batch(path, encode_frame(ftype, payload))
+    assert_corrupt_at(spool_dir, clock, path, at, why)
+
+
+# --- outcome acknowledgements ---------------------------------------------------------------
+
+
+def test_an_outcome_acknowledgement_in_the_scanned_suffix_is_not_handed_out_again(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    with Spool.open(spool_dir, clock=clock, outcomes=True) as sp:
+        msg_id = sp.accept("a@example.org", ["b@example.net"], b"hello")
+        attempt = sp.claim()
+        assert attempt is not None
+        attempt.failed(["b@example.net"], "550 no such user")
+        attempt.close()
+    with Spool.open(spool_dir, clock=clock, outcomes=True) as sp:
+        outcome = sp.next_outcome()
+        assert outcome is not None and outcome.msg_id == msg_id  # not acknowledged yet
+    # The acknowledgement became durable, then the process died before new positions
+    # were written: only the scan of the log can know about it.
+    path = segment_path(spool_dir, newest_segment(spool_dir))
+    append_batch(path, frame_of(rec.Control("outcome-ack", msg_id, clock())))
+    assert recover_dry(spool_dir, clock).outcome_acked == {msg_id}
+    with Spool.open(spool_dir, clock=clock, outcomes=True) as sp:
+        assert sp.next_outcome() is None
+
+
+# --- start records naming no envelope --------------------------------------------------------
+
+
+def test_a_start_record_naming_another_messages_envelope_is_corrupt(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    first, second = accepted_spool(spool_dir, clock, count=2)
+    last = newest_segment(spool_dir)
+    other, _body = envelope_at(spool_dir, last, second)
+    append_batch(segment_path(spool_dir, last), frame_of(rec.Start(first, other, 0, clock())))
+    path = segment_path(spool_dir, other.segment)
+    assert_corrupt_at(spool_dir, clock, path, other.offset, f"start of {first} names no envelope")
+
+
+def test_a_start_record_naming_itself_is_corrupt(spool_dir: str, clock: FakeClock) -> None:
+    (msg_id,) = accepted_spool(spool_dir, clock)
+    path = segment_path(spool_dir, newest_segment(spool_dir))
+    itself = Position(newest_segment(spool_dir), os.path.getsize(path))
+    assert append_batch(path, frame_of(rec.Start(msg_id, itself, 0, clock()))) == itself.offset
+    assert_corrupt_at(spool_dir, clock, path, itself.offset, f"start of {msg_id} names no envelope")
+
+
+@pytest.mark.parametrize("target", ["body", "pad"])
+def test_a_start_record_naming_a_frame_that_carries_no_record_is_corrupt(
+    spool_dir: str, clock: FakeClock, target: str
+) -> None:
+    (msg_id,) = accepted_spool(spool_dir, clock)
+    last = newest_segment(spool_dir)
+    envelope, body = envelope_at(spool_dir, last, msg_id)
+    if target == "body":
+        named = body
+    else:
+        (named,) = [p for p, f in frames_in(spool_dir, last) if f.type == fmt.T_PAD][-1:]
+    assert named != envelope
+    append_batch(segment_path(spool_dir, last), frame_of(rec.Start(msg_id, named, 0, clock())))
+    path = segment_path(spool_dir, named.segment)
+    assert_corrupt_at(spool_dir, clock, path, named.offset, f"start of {msg_id} names no envelope")
+
+
+def test_a_start_record_naming_an_unscanned_envelope_that_does_not_decode_is_corrupt(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    (msg_id,) = accepted_spool(spool_dir, clock)
+    last = newest_segment(spool_dir)
+    path = segment_path(spool_dir, last)
+    _, payload = rec.encode(first_envelope(msg_id, clock))
+    spoiled = cbor2.dumps({**cbor2.loads(payload), "to": "b@example.net"})
+    at = append_batch(path, encode_frame(fmt.T_ENVELOPE, spoiled))
+    # Positions written after that batch: the scan starts behind the envelope, so only
+    # the start record that names it leads recovery to read it.
+    positions = load_positions(FS, spool_dir)
+    assert positions is not None
+    end = Position(last, os.path.getsize(path))
+    store_positions(FS, spool_dir, attrs.evolve(positions, consistent=end, working_start=end))
+    append_batch(path, frame_of(rec.Start(msg_id, Position(last, at), 0, clock())))
+    assert_corrupt_at(spool_dir, clock, path, at, f"start of {msg_id} names no envelope")
+
+
+def test_a_start_record_naming_its_own_envelope_is_recovered_as_an_interrupted_attempt(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    (msg_id,) = accepted_spool(spool_dir, clock)
+    last = newest_segment(spool_dir)
+    envelope, _body = envelope_at(spool_dir, last, msg_id)
+    append_batch(segment_path(spool_dir, last), frame_of(rec.Start(msg_id, envelope, 0, clock())))
+    with Spool.open(spool_dir, clock=clock) as sp:
+        assert sp.recovery.working_found == 1 and sp.recovery.replacements_written == 1
+        (entry,) = sp.list()
+        assert entry.msg_id == msg_id
