@@ -16,11 +16,24 @@ adds the envelope's position to the shared ``superseded`` set, which runners con
 which is pruned once every cursor has passed an entry. It is small: bounded by the
 operator actions and recoveries of the last longest retry interval.
 
+Skipping idle stretches: a runner would otherwise read every record appended since its
+cursor, once per class, even when its class has nothing pending (after a burst of accepts
+with no claims, that is the whole burst, for every deferred class). So each runner keeps
+``owned_pending``: how many envelopes of its class lie between its cursor and the tail of
+the log. The spool counts up as it appends such an envelope; the runner counts down as it
+reaches one. When the count is zero the runner jumps straight to the durable end. The count
+is unknown (None) after an open, until the runner first reaches the end of the log by
+walking; then the spool tells it how many of its envelopes were appended past that point
+and not yet durable. An error in the count can only be an overcount (a walk) as long as
+every append is counted; the crash explorer's claim-everything check would see a skip.
+
 Memory: one envelope of look-ahead per runner. The queue itself stays on disk.
 Not thread-safe: the spool calls runners with its lock held.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import attrs
 
@@ -61,6 +74,8 @@ class Runner:
         self._reader = LogCursor(fs, log_dir, start, skip_bodies=True, chunk_size=64 * 1024)
         self._peek: tuple[Position, Envelope, int] | None = None
         self.envelopes_seen = 0
+        self.owned_pending: int | None = None  # see the module docstring
+        self.skipped_to_head = 0
 
     @property
     def cursor(self) -> Position:
@@ -73,18 +88,36 @@ class Runner:
     def owns(self, env: Envelope) -> bool:
         return env.klass == self.klass or (self.last and env.klass > self.klass)
 
+    def appended(self) -> None:
+        """The spool appended an envelope of this runner's class (ahead of its cursor)."""
+        if self.owned_pending is not None:
+            self.owned_pending += 1
+
     def next_due(
-        self, now: float, limit: Position, superseded: set[Position]
+        self,
+        now: float,
+        limit: Position,
+        superseded: set[Position],
+        pending_past: Callable[[Position], int] | None = None,
     ) -> tuple[Position, Envelope, int] | NotDue | None:
         """The next due, live envelope of this runner's class, ``NotDue``, or ``IDLE``.
 
         Returns (position, envelope, frame size). The runner moves past what it returns:
         the caller must act on it (start an attempt, re-append it, or expire it).
+        ``pending_past(limit)`` counts this class's envelopes appended at or after
+        ``limit`` (not yet durable); it seeds ``owned_pending`` when the walk ends.
         """
         while True:
             if self._peek is None:
+                if self.owned_pending == 0 and self._reader.position < limit:
+                    # Nothing of this class between the cursor and the tail: skip to the
+                    # durable end (a frame boundary) without reading what lies between.
+                    self._reader.position = limit
+                    self.skipped_to_head += 1
                 item = self._reader.next(limit)
                 if item is None:
+                    if self.owned_pending is None and pending_past is not None:
+                        self.owned_pending = pending_past(limit)
                     return IDLE
                 pos, frame = item
                 if not isinstance(frame, Frame) or frame.type != fmt.T_ENVELOPE:
@@ -97,10 +130,18 @@ class Runner:
                     ) from None
                 assert isinstance(env, Envelope)
                 self.envelopes_seen += 1
-                if pos in superseded or not self.owns(env):
+                if not self.owns(env):
                     # Not this runner's business, whatever its time: pass it now, so a
                     # runner with nothing of its class to do sits at the head and does
                     # not hold the garbage front back.
+                    continue
+                if self.owned_pending is not None:
+                    # One fewer of ours ahead. Below zero means an append went uncounted:
+                    # fall back to walking rather than ever skipping one.
+                    self.owned_pending -= 1
+                    if self.owned_pending < 0:
+                        self.owned_pending = None
+                if pos in superseded:
                     continue
                 self._peek = (pos, env, frame.size)
             pos, env, size = self._peek

@@ -395,6 +395,7 @@ class Spool:
         self._outcomes = OutcomeReader(
             self._fs, self._log_dir, state.outcome_front, state.outcome_acked
         )
+        self._fresh_envelopes: list[tuple[int, Position]] = []  # see _note_envelope
         self._writer = LogWriter(
             self._fs,
             self._log_dir,
@@ -409,6 +410,7 @@ class Spool:
             Runner(self._fs, self._log_dir, k, iv, k == len(intervals) - 1, state.cursors[k])
             for k, iv in enumerate(intervals)
         ]
+
         self._write_recovery_records(state)
         self.checkpoint()
         self._checkpointer = threading.Thread(
@@ -420,16 +422,15 @@ class Spool:
         """Append what recovery decided; durable before the spool serves anything."""
         if not state.to_write:
             return
-        frames = b"".join(encode_frame(*rec.encode(r)) for r in state.to_write)
         with self._lock:
             for r in state.to_write:
                 if isinstance(r, rec.Envelope) and r.supersedes is not None:
                     self._superseded.add(r.supersedes)
                 if isinstance(r, rec.Finish):
                     self._release_body(r.body, r.msg_id)
-            # A crash before this is durable leaves the same start records unsettled:
-            # the next recovery decides them again (decision table, case R1/R2).
-            _, end = self._writer.enqueue(frames)
+                # A crash before these are durable leaves the same start records unsettled:
+                # the next recovery decides them again (decision table, case R1/R2).
+                _, end = self._enqueue(r)
         self._writer.wait_durable(end)
 
     # --- accepting ---------------------------------------------------------------------
@@ -475,6 +476,7 @@ class Spool:
             frames += encode_frame(fmt.T_BODY, rec.encode_body(msg_id, data))
         with self._lock:
             start, end = self._writer.enqueue(frames)
+            self._note_envelope(env.klass, start)
             self._since_checkpoint += 1
             if body.kind == rec.BODY_INLINE:
                 self._body_refs[start.segment] = self._body_refs.get(start.segment, 0) + 1
@@ -535,6 +537,7 @@ class Spool:
         fresh and deferred mail; never hands a message to two attempts at once.
         """
         deadline = time.monotonic() + (timeout or 0.0)
+        synced = False
         while True:
             with self._lock:
                 self._check_open()
@@ -544,7 +547,9 @@ class Spool:
                     return attempt_or_wake
                 behind = self._writer.durable < self._writer.tail
                 left = deadline - time.monotonic()
-                if not behind:
+                # One flush per call is enough for (R1); more would only add fsyncs while
+                # other threads keep appending (later flushes wake this wait anyway).
+                if not behind or synced:
                     if left <= 0:
                         return None
                     if attempt_or_wake is not None:
@@ -554,6 +559,7 @@ class Spool:
             # Runners read only the durable log. Replacement envelopes are written without
             # waiting; when nothing else is due, flush them so due mail is never missed.
             self._writer.sync()
+            synced = True
 
     def attempts(self, poll: float = 1.0) -> Iterator[Attempt]:
         """Yield attempts forever, until the spool closes (for worker loops)."""
@@ -583,7 +589,9 @@ class Spool:
         wake: float | None = None
         for runner in self._runner_order():
             while True:
-                found = runner.next_due(now, limit, self._superseded)
+                found = runner.next_due(
+                    now, limit, self._superseded, self._pending_past(runner.klass)
+                )
                 if found is None:
                     break
                 if isinstance(found, NotDue):
@@ -798,7 +806,22 @@ class Spool:
         self._since_checkpoint += 1
         if self._since_checkpoint == self._checkpoint_every:
             self._cond.notify_all()
-        return self._writer.enqueue(encode_frame(*rec.encode(record)))
+        start, end = self._writer.enqueue(encode_frame(*rec.encode(record)))
+        if isinstance(record, rec.Envelope):
+            self._note_envelope(record.klass, start)
+        return start, end
+
+    def _note_envelope(self, klass: int, at: Position) -> None:
+        """Count an appended envelope for the runner of its class (runners.py: idle runners
+        skip to the head). Every envelope appended must come through here. Lock held."""
+        owner = min(klass, self._last_class)
+        self._runners[owner].appended()
+        self._fresh_envelopes.append((owner, at))
+
+    def _pending_past(self, owner: int) -> Callable[[Position], int]:
+        """For runner ``owner``: how many of its envelopes were appended at or after a
+        position (only not-yet-durable ones are still listed; older ones are behind it)."""
+        return lambda limit: sum(1 for k, at in self._fresh_envelopes if k == owner and at >= limit)
 
     def _close_abandoned(self) -> None:
         while self._abandoned:
@@ -1162,8 +1185,10 @@ class Spool:
     def _class_for_attempts(self, attempts: int) -> int:
         return min(attempts, len(self.retry_intervals))
 
-    def _on_durable(self, _end: Position) -> None:
+    def _on_durable(self, end: Position) -> None:
         with self._lock:
+            # Envelopes before the durable end are behind any idle runner's skip point.
+            self._fresh_envelopes = [(k, at) for k, at in self._fresh_envelopes if at >= end]
             self._cond.notify_all()
 
 

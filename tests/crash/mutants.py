@@ -160,6 +160,18 @@ def body_file_not_synced(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(spool_mod, "write_body_file", write)
 
 
+def uncounted_replacement(mp: pytest.MonkeyPatch) -> None:
+    """A replacement envelope is appended without telling its runner (runners.py skips an
+    idle class to the head on that count), so the runner may skip right past it."""
+    original = spool_mod.Spool._note_envelope
+
+    def note(self: spool_mod.Spool, klass: int, at: Any) -> None:
+        if klass == 0:
+            original(self, klass, at)
+
+    mp.setattr(spool_mod.Spool, "_note_envelope", note)
+
+
 MUTANTS: dict[str, Mutant] = {
     f.__name__: f
     for f in (
@@ -173,6 +185,7 @@ MUTANTS: dict[str, Mutant] = {
         corruption_is_torn_tail,
         replacement_drops_recipient,
         body_file_not_synced,
+        uncounted_replacement,
     )
 }
 
