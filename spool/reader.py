@@ -107,6 +107,7 @@ class LogCursor:
         self._fd_segment = 0
         self._buf = b""
         self._buf_offset = 0
+        self._size = -1
         self.torn: TornTail | None = None
         self.bytes_read = 0
 
@@ -128,6 +129,7 @@ class LogCursor:
             return False
         self._fd, self._fd_segment = fd, segment
         self._buf, self._buf_offset = b"", 0
+        self._size = -1  # the file's size when last asked (it only grows)
         header = self._fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
         problem = check_segment_header(header, segment, path)
         if problem is not None:
@@ -194,9 +196,14 @@ class LogCursor:
                     return None
                 continue  # the position may have moved past the header
             assert self._fd is not None
-            end_in_file = self._fs.size(self._fd)
-            if limit is not None and limit.segment == pos.segment:
-                end_in_file = min(end_in_file, limit.offset)
+            if limit is not None and limit.segment == pos.segment and self._size >= limit.offset:
+                # The file was already seen to reach the limit (a durable end): no need to
+                # ask again for every frame a runner reads.
+                end_in_file = limit.offset
+            else:
+                self._size = end_in_file = self._fs.size(self._fd)
+                if limit is not None and limit.segment == pos.segment:
+                    end_in_file = min(end_in_file, limit.offset)
             if pos.offset >= end_in_file:
                 if limit is not None and limit.segment == pos.segment:
                     return None
