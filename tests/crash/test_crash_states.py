@@ -58,6 +58,27 @@ def explore_seeds(first: int, stride: int, target: int, **options: int) -> Explo
             shutil.rmtree(base, ignore_errors=True)
         explorer.explore(recorded)
         seed += stride
+        _progress(first, seed, explorer.report)
+
+
+def _progress(worker: int, next_seed: int, r: ExploreReport) -> None:
+    """Keep each worker's running figures in ``SPOOL_REPORT_DIR`` (a long run that is cut
+    short still tells how far it got)."""
+    report_dir = os.environ.get("SPOOL_REPORT_DIR")
+    if not report_dir:
+        return
+    figures = {
+        "crash_states": r.states + r.recovery_states,
+        "after_workload_crashes": r.states,
+        "after_crashes_during_recovery": r.recovery_states,
+        "with_flipped_durable_byte": r.damaged_states,
+        "violations": len(r.violations),
+        "next_seed": next_seed,
+    }
+    path = os.path.join(report_dir, f"crash_states.worker{worker}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(figures, f)
+    os.replace(path + ".tmp", path)
 
 
 def test_every_crash_state_of_generated_workloads_keeps_the_contract(
