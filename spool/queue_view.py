@@ -13,7 +13,8 @@ Errors:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import attrs
 
@@ -24,6 +25,8 @@ from spool.framing import Frame
 from spool.fs import FileSystem
 from spool.reader import LogCursor, list_segments
 from spool.records import Position
+
+T = TypeVar("T")
 
 INCOMING = "incoming"
 DEFERRED = "deferred"
@@ -90,19 +93,24 @@ WALK_ATTEMPTS = 10
 
 
 def live_messages(fs: FileSystem, root: str, intervals: tuple[float, ...]) -> dict[str, QueueEntry]:
-    """The live messages by id. ``intervals[k]`` is retry class k's delay (class 0: 0).
+    """The live messages by id. ``intervals[k]`` is retry class k's delay (class 0: 0)."""
+    return _stable(fs, root, lambda: _live_messages_once(fs, root, intervals))
+
+
+def _stable(fs: FileSystem, root: str, walk_once: Callable[[], T]) -> T:
+    """Run a walk of the log until no segment vanished under it.
 
     A checkpoint of a running owner may delete old segments while the walk reads them; a
     walk overtaken that way ends early (a message finished in a deleted segment would look
-    live, later ones missing), so the walk is repeated until no segment vanished under it.
+    live, later ones missing), so it is repeated (at most ``WALK_ATTEMPTS`` times).
     """
     log_dir = os.path.join(root, fmt.LOG_DIR)
     for _ in range(WALK_ATTEMPTS):
         oldest = list_segments(fs, log_dir)[:1]
-        live = _live_messages_once(fs, root, intervals)
+        result = walk_once()
         if list_segments(fs, log_dir)[:1] == oldest:
             break
-    return live
+    return result
 
 
 def _live_messages_once(
@@ -150,15 +158,8 @@ def entry_for(
 
 
 def history(fs: FileSystem, root: str, msg_id: str) -> list[tuple[Position, rec.Record]]:
-    """Every record of ``msg_id`` still in the log, oldest first (repeated like
-    ``live_messages`` when a concurrent checkpoint deletes segments under the walk)."""
-    log_dir = os.path.join(root, fmt.LOG_DIR)
-    for _ in range(WALK_ATTEMPTS):
-        oldest = list_segments(fs, log_dir)[:1]
-        out = _history_once(fs, root, msg_id)
-        if list_segments(fs, log_dir)[:1] == oldest:
-            break
-    return out
+    """Every record of ``msg_id`` still in the log, oldest first."""
+    return _stable(fs, root, lambda: _history_once(fs, root, msg_id))
 
 
 def _history_once(fs: FileSystem, root: str, msg_id: str) -> list[tuple[Position, rec.Record]]:
