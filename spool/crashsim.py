@@ -18,6 +18,14 @@ directory): durable state, plus the chosen pending units applied in trace order 
 sectors of a file that grew read back as zeros). The explorer in ``tests/crash`` drives
 it; nothing here knows the spool.
 
+What it does not generate (known limits): a file whose size reached the disk while the
+data of its last write did not (the "zero-filled tail" of some file systems; the reader
+treats zero sectors as a tear, so the outcome would match a lost write); bytes that a
+*failed* write left behind (operations that raise are not recorded); files made outside
+the seam (``os.makedirs`` of a missing parent or of ``archive_dir``). A rename between two
+directories counts as durable once either directory is fsynced, as on journaling file
+systems.
+
 Crash safety:
     Not applicable: this module is the crash. It writes only the scratch trees it is told
     to build.
@@ -395,8 +403,8 @@ class CrashSimulator:
         self, prefix: int, *, exhaustive_max: int, samples: int, rng: random.Random
     ) -> Iterator[tuple[Unit, ...]]:
         """Choices of pending units at ``prefix``: every subset when there are at most
-        ``exhaustive_max`` units, else all, none, each one dropped alone, and ``samples``
-        seeded random subsets."""
+        ``exhaustive_max`` units, else all, none, each one dropped alone, every prefix (in
+        trace and sector order), and ``samples`` seeded random subsets."""
         units = self.pending(prefix)
         if len(units) <= exhaustive_max:
             for mask in range(1 << len(units)):
@@ -406,6 +414,9 @@ class CrashSimulator:
         yield ()
         for k in range(len(units)):
             yield tuple(units[:k] + units[k + 1 :])
+        for k in range(1, len(units)):
+            # The commonest real tear: everything up to some sector reached the disk.
+            yield tuple(units[:k])
         for _ in range(samples):
             yield tuple(u for u in units if rng.random() < 0.5)
 

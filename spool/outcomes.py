@@ -47,7 +47,9 @@ class OutcomeReader:
     """Walks finish records from the outcome front; tracks what is handed out and acked."""
 
     def __init__(self, fs: FileSystem, log_dir: str, front: Position, acked: set[str]) -> None:
-        self._cursor = LogCursor(fs, log_dir, front, skip_bodies=True, chunk_size=64 * 1024)
+        self._cursor = LogCursor(
+            fs, log_dir, front, skip_bodies=True, chunk_size=64 * 1024, live=True
+        )
         self._pending: dict[str, Position] = {}
         self._acked_ahead: dict[str, Position | None] = dict.fromkeys(acked)
 

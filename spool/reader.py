@@ -81,8 +81,10 @@ class SkippedBody:
 class LogCursor:
     """Iterates frames from ``start``; not thread-safe (one cursor per reader).
 
-    ``durable_end`` decides corruption versus torn tail (see the module docstring); pass
-    the current durable end for live readers, for whom any bad frame is corruption.
+    ``durable_end`` decides corruption versus torn tail (see the module docstring). A
+    ``live`` reader (queue runners, the outcome reader) reads behind a running writer with
+    the writer's durable end as the ``limit`` of each ``next``: any bad frame before it is
+    corruption.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class LogCursor:
         newest_segment: int | None = None,
         skip_bodies: bool = False,
         chunk_size: int = CHUNK_SIZE,
+        live: bool = False,
     ) -> None:
         self._fs = fs
         self._dir = log_dir
@@ -108,6 +111,8 @@ class LogCursor:
         self._buf = b""
         self._buf_offset = 0
         self._size = -1
+        self._limit: Position | None = None
+        self._live = live
         self.torn: TornTail | None = None
         self.bytes_read = 0
 
@@ -139,8 +144,15 @@ class LogCursor:
         return True
 
     def _bad(self, at: Position, reason: str, file_size: int) -> None:
-        """Classify a bad frame at ``at``: record a torn tail, or raise corruption."""
+        """Classify a bad frame at ``at``: record a torn tail, or raise corruption.
+
+        For a ``live`` reader (a queue runner, the outcome reader) the ``limit`` of each
+        ``next`` call is the writer's durable end, so a bad frame before it is corruption
+        too: never a tail to stop at quietly.
+        """
         durable = self._durable_end
+        if self._live and self._limit is not None:
+            durable = self._limit if durable is None else max(durable, self._limit)
         newest = self._newest
         if (durable is None or at >= durable) and (newest is None or at.segment >= newest):
             if at.offset < fmt.SEGMENT_HEADER_SIZE or self._looks_torn(at.offset, file_size):
@@ -181,6 +193,7 @@ class LogCursor:
 
         Sets ``torn`` (and returns None) when the log ends in a torn tail.
         """
+        self._limit = limit
         try:
             return self._next(limit)
         except _Stop:

@@ -226,6 +226,9 @@ def recover(
     torn = _unpaired_envelope(cursor, awaiting, consistent, segments[-1])
     if torn is not None and not dry_run:
         _cut_torn_tail(fs, root, log_dir, torn.at)
+    # Pins of segments already deleted (a full scan replays finishes of messages whose
+    # bodies went with them) mean nothing: keep only live segments with live bodies.
+    body_refs = {seg: n for seg, n in body_refs.items() if seg >= segments[0] and n > 0}
     cursors = list(positions.cursors) if positions else [Position(segments[0], 0)] * n_classes
     low = min(cursors)
     superseded = {p for p in superseded if p >= low}

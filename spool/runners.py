@@ -71,7 +71,9 @@ class Runner:
         self.klass = klass
         self.interval = interval
         self.last = last
-        self._reader = LogCursor(fs, log_dir, start, skip_bodies=True, chunk_size=64 * 1024)
+        self._reader = LogCursor(
+            fs, log_dir, start, skip_bodies=True, chunk_size=64 * 1024, live=True
+        )
         self._peek: tuple[Position, Envelope, int] | None = None
         self.envelopes_seen = 0
         self.owned_pending: int | None = None  # see the module docstring
@@ -116,7 +118,8 @@ class Runner:
                     self.skipped_to_head += 1
                 item = self._reader.next(limit)
                 if item is None:
-                    if self.owned_pending is None and pending_past is not None:
+                    reached = self._reader.position >= limit
+                    if self.owned_pending is None and pending_past is not None and reached:
                         self.owned_pending = pending_past(limit)
                     return IDLE
                 pos, frame = item

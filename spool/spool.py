@@ -864,7 +864,7 @@ class Spool:
         working = min((s.start_at for s in self._in_flight.values()), default=tail)
         low = min(cursors)
         self._superseded = {p for p in self._superseded if p >= low}
-        self._body_refs = {seg: n for seg, n in self._body_refs.items() if n}
+        self._body_refs = {seg: n for seg, n in self._body_refs.items() if n > 0}
         pinned = [Position(seg, 0) for seg in self._body_refs]
         if self._track_outcomes:
             outcome_front = self._outcomes.front()

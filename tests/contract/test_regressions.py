@@ -59,3 +59,91 @@ def test_listing_overtaken_by_segment_deletion_shows_the_true_queue(tmp_path: Pa
     assert racing.collected > 0
     assert set(live) == {alive}, f"finished messages listed: {set(live) & set(done)}"
     assert [type(r).__name__ for _, r in history(FileSystem(), spool_dir, alive)] == ["Envelope"]
+
+
+# --- found by review of the idle-class skip and of recovery -------------------------------
+
+
+def test_a_damaged_durable_frame_stops_a_runner_with_corruption_instead_of_a_skip(
+    tmp_path: Path,
+) -> None:
+    # Before: a runner took a bad frame in the durable log for a torn tail, believed it
+    # had reached the end, and then skipped its class to the head, past a live envelope.
+    from spool.errors import CorruptSpool
+    from spool.queue_view import walk
+    from spool.records import Start
+    from spool.testing import FakeClock
+
+    clock = FakeClock()
+    root = str(tmp_path / "spool")
+    options = {"segment_size": 600, "retry_intervals": (60.0,), "clock": clock}
+    with Spool.open(root, **options) as sp:  # type: ignore[arg-type]
+        sp.accept("a@example.org", ["b@example.net"], b"x" * 40)
+        attempt = sp.claim()
+        assert attempt is not None
+        attempt.deferred(["b@example.net"], "451 later")
+        attempt.close()
+    start = next(pos for pos, r, _ in walk(FileSystem(), root) if isinstance(r, Start))
+    path = os.path.join(root, fmt.LOG_DIR, fmt.segment_name(start.segment))
+    with open(path, "r+b") as f:
+        f.seek(start.offset + 12)
+        byte = f.read(1)
+        f.seek(start.offset + 12)
+        f.write(bytes([byte[0] ^ 0x40]))
+    clock.advance(120)
+    with Spool.open(root, **options) as sp:  # type: ignore[arg-type]
+        try:
+            handed_out = [sp.claim() for _ in range(3)]
+        except CorruptSpool as exc:
+            assert exc.path == path
+        else:
+            raise AssertionError(f"the deferred message was skipped: {handed_out}")
+
+
+def test_a_full_scan_after_deletions_does_not_pin_segments_for_ever(tmp_path: Path) -> None:
+    # Before: a scan without usable positions replayed finishes of bodies whose segments
+    # were long deleted, left negative pins, and the garbage front never moved again.
+    root = str(tmp_path / "spool")
+
+    def traffic(sp: Spool) -> None:
+        for i in range(8):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 3000)
+        while (attempt := sp.claim()) is not None:
+            attempt.delivered(attempt.envelope.recipients, "250 ok")
+            attempt.close()
+        sp.checkpoint()
+
+    with Spool.open(root, segment_size=4096, retry_intervals=(60.0, 120.0)) as sp:
+        traffic(sp)
+    # Another number of retry classes makes the positions unusable: a full scan.
+    with Spool.open(root, segment_size=4096, retry_intervals=(60.0, 120.0, 180.0)) as sp:
+        assert not sp.recovery.positions_used
+        traffic(sp)
+        traffic(sp)
+        assert sp.statistics().segments <= 2
+
+
+def test_offline_listing_skips_the_leftovers_of_an_interrupted_deletion(tmp_path: Path) -> None:
+    # Before: the walk started at a retired leftover and stopped at the gap after it, so
+    # an operator listing a crashed spool saw an empty queue.
+    root = str(tmp_path / "spool")
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    with Spool.open(root, segment_size=4096) as sp:
+        for i in range(6):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 3000)
+        sp.checkpoint()
+        first = list_segments(FileSystem(), log_dir)[0]
+        with open(os.path.join(log_dir, fmt.segment_name(first)), "rb") as f:
+            leftover = f.read()
+        while (attempt := sp.claim()) is not None:
+            if attempt.envelope.recipients[0] < "r4":
+                attempt.delivered(attempt.envelope.recipients, "250 ok")
+            attempt.close()
+        sp.checkpoint()
+        live = {e.msg_id for e in sp.list()}
+    segments = list_segments(FileSystem(), log_dir)
+    assert segments[0] > first + 1, "the test needs a deletion that leaves a gap"
+    with open(os.path.join(log_dir, fmt.segment_name(first)), "wb") as f:
+        f.write(leftover)  # as if the crash kept this one unlink undone
+    intervals = (0.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0)
+    assert set(live_messages(FileSystem(), root, intervals)) == live
