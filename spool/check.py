@@ -34,7 +34,7 @@ from spool.bodies import check_body_file
 from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem
-from spool.positions import load_positions
+from spool.positions import load_positions, unretired
 from spool.reader import LogCursor, list_segments
 from spool.records import Position
 from spool.writer import segment_header
@@ -81,13 +81,10 @@ def check_spool(
     problems: list[Problem] = []
     notes: list[str] = []
     segments = list_segments(fs, log_dir) if os.path.isdir(log_dir) else []
-    positions = load_positions(fs, path)
-    if positions is not None and segments and positions.front.segment > segments[0]:
-        # Retired segments (behind the garbage front) whose deletion a crash interrupted:
-        # garbage, deleted at the next checkpoint; any subset of them may remain.
-        retired = [s for s in segments if s < positions.front.segment]
-        segments = [s for s in segments if s >= positions.front.segment] or segments[-1:]
-        notes.append(f"{len(retired)} retired segment(s) awaiting deletion")
+    kept = unretired(segments, load_positions(fs, path))
+    if len(kept) < len(segments):
+        notes.append(f"{len(segments) - len(kept)} retired segment(s) awaiting deletion")
+    segments = kept
     for prev, nxt in itertools.pairwise(segments):
         if nxt != prev + 1:
             problems.append(

@@ -145,3 +145,13 @@ def store_positions(fs: FileSystem, root: str, positions: RestartPositions) -> N
     # Until this returns the rename may be undone by a crash: only the old positions
     # remain, which are stale but consistent (P1), so recovery merely scans more.
     fs.fsync_dir(root)
+
+
+def unretired(segments: list[int], positions: RestartPositions | None) -> list[int]:
+    """``segments`` without the retired ones: those wholly behind the garbage front of
+    durable ``positions``. They are leftovers of a deletion a crash interrupted (any subset
+    of the unlinks may have happened, so they need not be contiguous) and hold only garbage;
+    the next checkpoint deletes them. The newest segment is always kept."""
+    if positions is None or not segments or positions.front.segment <= segments[0]:
+        return segments
+    return [s for s in segments if s >= positions.front.segment] or segments[-1:]

@@ -23,7 +23,7 @@ from spool import records as rec
 from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem
-from spool.positions import load_positions
+from spool.positions import load_positions, unretired
 from spool.reader import LogCursor, list_segments
 from spool.records import Position
 
@@ -63,11 +63,7 @@ def walk(
     False; otherwise they are stepped over). Stops quietly at a torn tail.
     """
     log_dir = os.path.join(root, fmt.LOG_DIR)
-    segments = list_segments(fs, log_dir)
-    positions = load_positions(fs, root)
-    if positions is not None and segments and positions.front.segment > segments[0]:
-        # Retired leftovers of an interrupted deletion (maybe not contiguous): garbage.
-        segments = [s for s in segments if s >= positions.front.segment] or segments[-1:]
+    segments = unretired(list_segments(fs, log_dir), load_positions(fs, root))
     if not segments:
         return
     cursor = LogCursor(

@@ -41,7 +41,7 @@ from spool import records as rec
 from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem
-from spool.positions import RestartPositions, load_positions
+from spool.positions import RestartPositions, load_positions, unretired
 from spool.reader import LogCursor, SkippedBody, TornTail, list_segments, read_frame_at
 from spool.records import Position
 
@@ -172,10 +172,7 @@ def recover(
             1, 1, [first] * n_classes, set(), {}, first, set(), [], [], [], report
         )
     loaded = load_positions(fs, root)
-    if loaded is not None and loaded.front.segment > segments[0]:
-        # Segments below the garbage front were retired; a crash interrupted their deletion
-        # (any subset of the unlinks may have happened, so they need not be contiguous).
-        segments = [s for s in segments if s >= loaded.front.segment] or segments[-1:]
+    segments = unretired(segments, loaded)
     for prev, nxt in itertools.pairwise(segments):
         if nxt != prev + 1:
             raise CorruptSpool(

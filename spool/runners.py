@@ -100,13 +100,13 @@ class Runner:
         now: float,
         limit: Position,
         superseded: set[Position],
-        pending_past: Callable[[Position], int] | None = None,
+        pending_past: Callable[[int, Position], int] | None = None,
     ) -> tuple[Position, Envelope, int] | NotDue | None:
         """The next due, live envelope of this runner's class, ``NotDue``, or ``IDLE``.
 
         Returns (position, envelope, frame size). The runner moves past what it returns:
         the caller must act on it (start an attempt, re-append it, or expire it).
-        ``pending_past(limit)`` counts this class's envelopes appended at or after
+        ``pending_past(klass, limit)`` counts this class's envelopes appended at or after
         ``limit`` (not yet durable); it seeds ``owned_pending`` when the walk ends.
         """
         while True:
@@ -120,7 +120,7 @@ class Runner:
                 if item is None:
                     reached = self._reader.position >= limit
                     if self.owned_pending is None and pending_past is not None and reached:
-                        self.owned_pending = pending_past(limit)
+                        self.owned_pending = pending_past(self.klass, limit)
                     return IDLE
                 pos, frame = item
                 if not isinstance(frame, Frame) or frame.type != fmt.T_ENVELOPE:

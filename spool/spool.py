@@ -589,9 +589,7 @@ class Spool:
         wake: float | None = None
         for runner in self._runner_order():
             while True:
-                found = runner.next_due(
-                    now, limit, self._superseded, self._pending_past(runner.klass)
-                )
+                found = runner.next_due(now, limit, self._superseded, self._pending_past)
                 if found is None:
                     break
                 if isinstance(found, NotDue):
@@ -818,10 +816,10 @@ class Spool:
         self._runners[owner].appended()
         self._fresh_envelopes.append((owner, at))
 
-    def _pending_past(self, owner: int) -> Callable[[Position], int]:
-        """For runner ``owner``: how many of its envelopes were appended at or after a
-        position (only not-yet-durable ones are still listed; older ones are behind it)."""
-        return lambda limit: sum(1 for k, at in self._fresh_envelopes if k == owner and at >= limit)
+    def _pending_past(self, owner: int, limit: Position) -> int:
+        """How many envelopes of runner ``owner`` were appended at or after ``limit`` (only
+        not-yet-durable ones are still listed; older ones are behind it). Lock held."""
+        return sum(1 for k, at in self._fresh_envelopes if k == owner and at >= limit)
 
     def _close_abandoned(self) -> None:
         while self._abandoned:
