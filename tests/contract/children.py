@@ -7,6 +7,11 @@ interpreter start once rather than at every kill:
     ``load DIR ACKS SEED``  fork a child running ``load``; print ``pid N``
     ``kill``                SIGKILL that child (it is still unreaped, so its pid cannot
                             have been reused), reap it, print ``exit N STATUS``
+    ``status``              print ``alive N``, ``exit N STATUS`` (reaped) or ``none``
+
+A ``load`` while a child lives is refused (``refused N is alive``), and the server kills
+its child when its standard input closes, so no child outlives a failed test. Every fork
+and kill is logged to standard error.
 
 The server is single-threaded, so forking it is safe. Children print ``opening`` just
 before ``Spool.open`` and ``running SECONDS`` once it returned.
@@ -131,28 +136,60 @@ def load(spool_dir: str, acks_path: str, seed: int) -> None:
 
 
 def serve() -> None:
+    """The fork server's loop. At most one child lives at a time; none outlives the server."""
     child = 0
-    for line in sys.stdin:
-        command, *args = line.split()
-        if command == "load":
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                try:
-                    signal.signal(signal.SIGINT, signal.SIG_DFL)
-                    load(args[0], args[1], int(args[2]))
-                except BaseException as exc:
-                    os.write(2, f"load child failed: {exc!r}\n".encode())
-                    code = 70
-                finally:
-                    os._exit(code)
-            child = pid
-            emit(f"pid {pid}")
-        elif command == "kill" and child:
+
+    def log(text: str) -> None:
+        os.write(2, f"serve: {text}\n".encode())
+
+    try:
+        for line in sys.stdin:
+            command, *args = line.split()
+            if command == "load":
+                if child:
+                    # Two owners would make the next failure impossible to read.
+                    emit(f"refused {child} is alive")
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    code = 0
+                    try:
+                        signal.signal(signal.SIGINT, signal.SIG_DFL)
+                        load(args[0], args[1], int(args[2]))
+                    except BaseException as exc:
+                        os.write(2, f"load child failed: {exc!r}\n".encode())
+                        code = 70
+                    finally:
+                        os._exit(code)
+                child = pid
+                log(f"forked {pid}")
+                emit(f"pid {pid}")
+            elif command == "kill":
+                if not child:
+                    emit("none")
+                    continue
+                os.kill(child, signal.SIGKILL)
+                _, status = os.waitpid(child, 0)
+                log(f"killed {child}")
+                emit(f"exit {child} {status}")
+                child = 0
+            elif command == "status":
+                if child:
+                    pid, status = os.waitpid(child, os.WNOHANG)
+                    if pid:
+                        emit(f"exit {child} {status}")
+                        child = 0
+                    else:
+                        emit(f"alive {child}")
+                else:
+                    emit("none")
+            else:
+                emit(f"unknown {line.strip()}")
+    finally:
+        if child:  # the parent went away (or failed): take the child with us
             os.kill(child, signal.SIGKILL)
-            _, status = os.waitpid(child, 0)
-            emit(f"exit {child} {status}")
-            child = 0
+            os.waitpid(child, 0)
+            log(f"killed {child} at exit")
 
 
 TRAFFIC_OPTIONS: dict[str, Any] = {

@@ -39,7 +39,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import IO
 
 import attrs
 
@@ -53,19 +52,24 @@ from tests.contract.children import TORTURE_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOCK_AHEAD = 100_000.0  # the checker's clock: every retry interval has passed
+# How long the parent waits for a child's line. Opening is recovery and takes milliseconds;
+# a long wait means the child is stuck or died (the error then shows its standard error).
+CHILD_TIMEOUT = 120.0
 
 
 class ForkServer:
-    """The parent's end of ``children.py serve``."""
+    """The parent's end of ``children.py serve``; the children's standard error goes to a file."""
 
-    def __init__(self, stderr: IO[bytes]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.contract.children", "serve"],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
+    def __init__(self, stderr_path: Path) -> None:
+        self.stderr_path = stderr_path
+        with open(stderr_path, "wb") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.contract.children", "serve"],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
         assert self.proc.stdout is not None
         self._fd = self.proc.stdout.fileno()
         self._buf = b""
@@ -75,42 +79,56 @@ class ForkServer:
         self.proc.stdin.write((line + "\n").encode())
         self.proc.stdin.flush()
 
-    def line(self, timeout: float = 60.0) -> str:
+    def line(self, timeout: float) -> str | None:
+        """The next line, or None if none came within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             ready, _, _ = select.select([self._fd], [], [], max(0.0, left))
             if not ready:
-                raise AssertionError("the child program did not answer in time")
+                return None
             chunk = os.read(self._fd, 65536)
             if not chunk:
-                raise AssertionError("the fork server exited")
+                raise AssertionError(f"the fork server exited\n{self.stderr_tail()}")
             self._buf += chunk
         head, self._buf = self._buf.split(b"\n", 1)
         return head.decode()
 
-    def wait_for(self, prefix: str) -> str:
+    def stderr_tail(self, lines: int = 20) -> str:
+        text = self.stderr_path.read_text(errors="replace").splitlines()
+        return "children's standard error ends:\n" + "\n".join(text[-lines:])
+
+    def expect(self, prefixes: tuple[str, ...], timeout: float = CHILD_TIMEOUT) -> str:
+        """Read lines until one starts with one of ``prefixes``; fail clearly otherwise."""
         while True:
-            text = self.line()
-            if text.startswith(prefix):
+            text = self.line(timeout)
+            if text is None:
+                self.send("status")  # did the child die on its own, or is it stuck?
+                status = self.line(10.0)
+                raise AssertionError(
+                    f"waited {timeout:.0f} s for {' or '.join(prefixes)}; child: {status}\n"
+                    f"{self.stderr_tail()}"
+                )
+            if text.startswith(prefixes):
                 return text
-            if text.startswith("exit "):
-                raise AssertionError(f"the child died on its own: {text}")
+            if text.startswith(("exit ", "refused", "none", "unknown")):
+                raise AssertionError(f"fork server: {text}\n{self.stderr_tail()}")
 
     def kill(self) -> bool:
         """SIGKILL the child; True if it had not printed ``running`` yet."""
         self.send("kill")
         running = False
         while True:
-            text = self.line()
+            text = self.expect(("running", "exit "))
             if text.startswith("running"):
                 running = True
-            elif text.startswith("exit "):
-                status = int(text.split()[2])
-                assert os.WIFSIGNALED(status), f"the child exited by itself: {text}"
-                return not running
+                continue
+            status = int(text.split()[2])
+            assert os.WIFSIGNALED(status), f"the child exited by itself: {text}"
+            return not running
 
     def close(self) -> None:
+        """End the server; it kills a child still alive."""
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
@@ -123,6 +141,7 @@ class Model:
     accepted: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     settled: dict[tuple[str, str], str] = attrs.field(factory=dict)  # -> how we know
     intents: set[tuple[str, str]] = attrs.field(factory=set)  # D/F intent, no ack yet
+    unsettled: set[tuple[str, str]] = attrs.field(factory=set)  # accepted, not settled
     violations: list[str] = attrs.field(factory=list)
     figures: Counter[str] = attrs.field(factory=Counter)
     acks_read: int = 0
@@ -131,6 +150,11 @@ class Model:
         if key in self.settled:
             self.violations.append(f"{where}: {key} settled again (was {self.settled[key]})")
         self.settled[key] = how
+        self.unsettled.discard(key)
+
+    def accept(self, msg_id: str, rcpts: tuple[str, ...]) -> None:
+        self.accepted[msg_id] = rcpts
+        self.unsettled.update((msg_id, r) for r in rcpts if (msg_id, r) not in self.settled)
 
     def read_acks(self, path: Path) -> None:
         """Fold in the lines the last child wrote; drop a line the kill cut short."""
@@ -145,7 +169,7 @@ class Model:
             if kind == "A":
                 if msg_id in self.accepted:
                     self.violations.append(f"accept returned a known id {msg_id}")
-                self.accepted[msg_id] = tuple(rest[0].split(","))
+                self.accept(msg_id, tuple(rest[0].split(",")))
             elif kind == "I":
                 key = (msg_id, rest[0])
                 if key in self.settled:
@@ -197,24 +221,24 @@ def check_and_drain(spool_dir: str, model: Model, cycle: int) -> None:
         for msg_id, rcpts in live.items():
             if msg_id not in model.accepted:
                 # Durable, but the kill came before the child wrote its acknowledgement.
-                model.accepted[msg_id] = rcpts
+                model.accept(msg_id, rcpts)
                 model.figures["accepts_durable_unacknowledged"] += 1
-        for msg_id, rcpts in model.accepted.items():
-            queued = live.get(msg_id, ())
+        for msg_id, rcpts in live.items():
             for r in rcpts:
-                key = (msg_id, r)
-                if key in model.settled:
-                    if r in queued:
-                        model.violations.append(f"{where}: settled {key} is queued again")
-                    continue
-                places = (r in queued) + (key in logged)
-                if places != 1:
-                    model.violations.append(f"{where}: {key} is in {places} places")
-                elif key in logged:
-                    if key not in model.intents:
-                        model.violations.append(f"{where}: {key} settled with no intent")
-                    model.settle(key, "log", where)
-                    model.figures["settlements_durable_unacknowledged"] += 1
+                if (msg_id, r) in model.settled:
+                    model.violations.append(f"{where}: settled {(msg_id, r)} is queued again")
+        # Only recipients not yet settled can still be queued or newly logged: checking just
+        # those keeps a cycle's cost flat as the kills add up.
+        for key in sorted(model.unsettled):
+            msg_id, r = key
+            places = (r in live.get(msg_id, ())) + (key in logged)
+            if places != 1:
+                model.violations.append(f"{where}: {key} is in {places} places")
+            elif key in logged:
+                if key not in model.intents:
+                    model.violations.append(f"{where}: {key} settled with no intent")
+                model.settle(key, "log", where)
+                model.figures["settlements_durable_unacknowledged"] += 1
         handed: set[tuple[str, str]] = set()
         while (attempt := sp.claim()) is not None:
             with attempt:
@@ -234,11 +258,11 @@ def check_and_drain(spool_dir: str, model: Model, cycle: int) -> None:
         left = list(sp.list())
         if left:
             model.violations.append(f"{where}: queued but not handed out: {left[:3]}")
-    unsettled = sum(
-        1 for m, rcpts in model.accepted.items() for r in rcpts if (m, r) not in model.settled
-    )
-    if unsettled:
-        model.violations.append(f"{where}: {unsettled} accepted recipients are nowhere")
+    if model.unsettled:
+        model.violations.append(
+            f"{where}: {len(model.unsettled)} accepted recipients are nowhere, e.g. "
+            f"{sorted(model.unsettled)[:3]}"
+        )
     report = check_spool(spool_dir)
     if not report.clean:
         model.violations.append(f"{where}: spool check: {report.problems}")
@@ -250,40 +274,67 @@ def run_torture(tmp_path: Path, kills: int, seed: int, recovery_share: float) ->
     rng = random.Random(seed)
     model = Model()
     open_times: list[float] = [0.01]
-    with open(tmp_path / "children.stderr", "wb") as stderr:
-        server = ForkServer(stderr)
-        try:
-            done = cycle = 0
-            while done < kills and not model.violations:
-                cycle += 1
+    cycles = CycleLog(tmp_path / "spool")
+    server = ForkServer(tmp_path / "children.stderr")
+    try:
+        done = cycle = 0
+        while done < kills and not model.violations:
+            cycle += 1
+            server.send(f"load {spool_dir} {acks} {rng.randrange(10**9)}")
+            server.expect(("pid ",))
+            opened = server.expect(("running",))
+            open_times.append(float(opened.split()[1]))
+            time.sleep(rng.uniform(0.01, 0.2))
+            server.kill()
+            done += 1
+            model.figures["kills"] += 1
+            if done < kills and rng.random() < recovery_share:
+                # Kill the next owner while it is still recovering from that kill.
                 server.send(f"load {spool_dir} {acks} {rng.randrange(10**9)}")
-                server.wait_for("pid ")
-                opened = server.wait_for("running")
-                open_times.append(float(opened.split()[1]))
-                time.sleep(rng.uniform(0.01, 0.2))
-                server.kill()
+                server.expect(("opening",))
+                typical = sorted(open_times)[len(open_times) // 2]
+                time.sleep(rng.uniform(0.0, typical))
+                during = server.kill()
                 done += 1
                 model.figures["kills"] += 1
-                if done < kills and rng.random() < recovery_share:
-                    # Kill the next owner while it is still recovering from that kill.
-                    server.send(f"load {spool_dir} {acks} {rng.randrange(10**9)}")
-                    server.wait_for("opening")
-                    typical = sorted(open_times)[len(open_times) // 2]
-                    time.sleep(rng.uniform(0.0, typical))
-                    during = server.kill()
-                    done += 1
-                    model.figures["kills"] += 1
-                    model.figures["kills_during_recovery"] += during
-                model.read_acks(acks)
-                check_and_drain(spool_dir, model, cycle)
-        finally:
-            server.close()
+                model.figures["kills_during_recovery"] += during
+            model.read_acks(acks)
+            started = time.monotonic()
+            check_and_drain(spool_dir, model, cycle)
+            cycles.add(cycle, done, open_times[-1], time.monotonic() - started)
+    finally:
+        server.close()
+        cycles.write(model)
     model.figures["messages_checked"] = len(model.accepted)
     model.figures["recipients_checked"] = sum(len(r) for r in model.accepted.values())
     model.figures["violations"] = len(model.violations)
     stderr_text = (tmp_path / "children.stderr").read_text()
     assert "load child failed" not in stderr_text, stderr_text
     return model
+
+
+class CycleLog:
+    """Per-cycle open time, check time and spool size; written to SPOOL_REPORT_DIR."""
+
+    def __init__(self, spool_dir: Path) -> None:
+        self.spool_dir = spool_dir
+        self.rows: list[str] = ["cycle\tkills\topen_s\tcheck_s\tspool_bytes"]
+        self.opens: list[float] = []
+
+    def add(self, cycle: int, kills: int, open_s: float, check_s: float) -> None:
+        size = sum(p.stat().st_size for p in self.spool_dir.iterdir() if p.is_file())
+        self.opens.append(open_s)
+        self.rows.append(f"{cycle}\t{kills}\t{open_s:.4f}\t{check_s:.4f}\t{size}")
+
+    def write(self, model: Model) -> None:
+        if self.opens:
+            ranked = sorted(self.opens)
+            model.figures["open_ms_median"] = round(1000 * ranked[len(ranked) // 2])
+            model.figures["open_ms_max"] = round(1000 * ranked[-1])
+        report_dir = os.environ.get("SPOOL_REPORT_DIR")
+        if report_dir:
+            Path(report_dir).mkdir(parents=True, exist_ok=True)
+            Path(report_dir, "torture.cycles.tsv").write_text("\n".join(self.rows) + "\n")
 
 
 def test_kills_under_load_lose_nothing_and_never_repeat_a_settled_recipient(
