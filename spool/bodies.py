@@ -10,8 +10,10 @@ See docs/design.md, "Bodies", for why and for how inline bodies stop pinning seg
 Crash safety:
     A body file is complete and durable (file and directory synced) before the envelope
     that names it is appended, so no durable envelope names a missing body. A crash after
-    the file and before the envelope leaves an orphan file with no envelope; recovery and
-    ``spool check`` report such files and recovery removes them.
+    the file and before the envelope leaves an orphan file with no envelope. Recovery
+    does not remove it (it reads only the log's working suffix, so it cannot know that no
+    older envelope names the file); ``spool check`` reports it and ``--repair`` moves it
+    to ``corrupt/`` (docs/design.md, "Bodies").
     A body file is unlinked only after the finish record of its message is durable.
 
 Errors:

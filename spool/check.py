@@ -109,8 +109,8 @@ def check_spool(
     orphans = sorted(present - file_bodies)
     if orphans:
         notes.append(
-            f"{len(orphans)} body file(s) that no live message names (left by a crash "
-            f"before their removal; check --repair moves them to {fmt.CORRUPT_DIR}/): "
+            f"{len(orphans)} body file(s) that no live message names (left by a crash during "
+            f"an accept or a removal; check --repair moves them to {fmt.CORRUPT_DIR}/): "
             + ", ".join(orphans[:5])
             + (" ..." if len(orphans) > 5 else "")
         )
