@@ -28,9 +28,10 @@ test-crash: $(STAMP)
 	$(MAKE) coverage
 
 # Branch coverage of the record codec and of recovery over the default suite (must be 100%).
+# Tracing makes the suite two to three times slower, hence the longer per-test timeout.
 coverage: $(STAMP)
 	rm -f .coverage .coverage.*
-	$(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider -o timeout=1200 tests
 	$(BIN)/python -m coverage combine -q
 	$(BIN)/python -m coverage report --show-missing --fail-under=100 \
 		--include='spool/records.py,spool/framing.py,spool/recovery.py'
