@@ -118,8 +118,11 @@ class Runner:
                     self.skipped_to_head += 1
                 item = self._reader.next(limit)
                 if item is None:
-                    reached = self._reader.position >= limit
-                    if self.owned_pending is None and pending_past is not None and reached:
+                    if (
+                        self.owned_pending is None
+                        and pending_past is not None
+                        and self._reader.position >= limit
+                    ):
                         self.owned_pending = pending_past(self.klass, limit)
                     return IDLE
                 pos, frame = item

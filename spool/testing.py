@@ -2,7 +2,7 @@
 
 ``CountingFS`` counts every call per operation (the group-commit tests count fdatasyncs);
 ``FaultFS`` fails the n-th call of chosen operations, once or from then on (I/O error
-tests); ``FakeClock`` is a clock the tests move by hand.
+tests); ``FakeClock`` is a clock the tests move by hand; ``deliver_all`` empties a queue.
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ import errno
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from spool.fs import FileSystem
+
+if TYPE_CHECKING:
+    from spool.spool import Spool
 
 
 class FakeClock:
@@ -132,3 +136,16 @@ def tree_snapshot(root: str) -> dict[str, bytes]:
             with open(full, "rb") as f:
                 snap[os.path.relpath(full, root)] = f.read()
     return snap
+
+
+def deliver_all(sp: Spool) -> list[str]:
+    """Claim everything due and report every recipient delivered; the ids, in claim order.
+
+    For tests and tools that need a spool whose due mail is all settled (to make segments
+    deletable, for instance)."""
+    claimed = []
+    while (attempt := sp.claim()) is not None:
+        with attempt:
+            attempt.delivered(attempt.envelope.recipients, "250 2.0.0 ok")
+        claimed.append(attempt.msg_id)
+    return claimed

@@ -9,11 +9,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from spool import Spool
 from spool import format as fmt
+from spool.errors import CorruptSpool
 from spool.fs import FileSystem
 from spool.queue_view import history, live_messages
 from spool.reader import list_segments
+from spool.spool import DEFAULT_RETRY_INTERVALS
+from spool.testing import deliver_all
 
 
 class KeepSegments(FileSystem):
@@ -46,9 +51,7 @@ def test_listing_overtaken_by_segment_deletion_shows_the_true_queue(tmp_path: Pa
     spool_dir = str(tmp_path / "spool")
     with Spool.open(spool_dir, segment_size=4096, fs=KeepSegments()) as sp:
         done = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 900) for i in range(12)]
-        while (attempt := sp.claim()) is not None:
-            with attempt:
-                attempt.delivered(attempt.envelope.recipients, "250 ok")
+        deliver_all(sp)
         sp.checkpoint()
         sp.checkpoint()
         alive = sp.accept("a@example.org", ["last@example.net"], b"y" * 100)
@@ -69,7 +72,6 @@ def test_a_damaged_durable_frame_stops_a_runner_with_corruption_instead_of_a_ski
 ) -> None:
     # Before: a runner took a bad frame in the durable log for a torn tail, believed it
     # had reached the end, and then skipped its class to the head, past a live envelope.
-    from spool.errors import CorruptSpool
     from spool.queue_view import walk
     from spool.records import Start
     from spool.testing import FakeClock
@@ -92,12 +94,10 @@ def test_a_damaged_durable_frame_stops_a_runner_with_corruption_instead_of_a_ski
         f.write(bytes([byte[0] ^ 0x40]))
     clock.advance(120)
     with Spool.open(root, **options) as sp:  # type: ignore[arg-type]
-        try:
-            handed_out = [sp.claim() for _ in range(3)]
-        except CorruptSpool as exc:
-            assert exc.path == path
-        else:
-            raise AssertionError(f"the deferred message was skipped: {handed_out}")
+        with pytest.raises(CorruptSpool) as raised:  # not: the deferred message skipped
+            for _ in range(3):
+                sp.claim()
+        assert raised.value.path == path
 
 
 def test_a_full_scan_after_deletions_does_not_pin_segments_for_ever(tmp_path: Path) -> None:
@@ -108,9 +108,7 @@ def test_a_full_scan_after_deletions_does_not_pin_segments_for_ever(tmp_path: Pa
     def traffic(sp: Spool) -> None:
         for i in range(8):
             sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 3000)
-        while (attempt := sp.claim()) is not None:
-            attempt.delivered(attempt.envelope.recipients, "250 ok")
-            attempt.close()
+        deliver_all(sp)
         sp.checkpoint()
 
     with Spool.open(root, segment_size=4096, retry_intervals=(60.0, 120.0)) as sp:
@@ -145,5 +143,5 @@ def test_offline_listing_skips_the_leftovers_of_an_interrupted_deletion(tmp_path
     assert segments[0] > first + 1, "the test needs a deletion that leaves a gap"
     with open(os.path.join(log_dir, fmt.segment_name(first)), "wb") as f:
         f.write(leftover)  # as if the crash kept this one unlink undone
-    intervals = (0.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0)
+    intervals = (0.0, *DEFAULT_RETRY_INTERVALS)
     assert set(live_messages(FileSystem(), root, intervals)) == live

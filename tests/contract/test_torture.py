@@ -339,10 +339,15 @@ class CycleLog:
             ranked = sorted(self.opens)
             model.figures["open_ms_median"] = round(1000 * ranked[len(ranked) // 2])
             model.figures["open_ms_max"] = round(1000 * ranked[-1])
-        report_dir = os.environ.get("SPOOL_REPORT_DIR")
-        if report_dir:
-            Path(report_dir).mkdir(parents=True, exist_ok=True)
-            Path(report_dir, "torture.cycles.tsv").write_text("\n".join(self.rows) + "\n")
+        write_report("torture.cycles.tsv", "\n".join(self.rows) + "\n")
+
+
+def write_report(name: str, text: str) -> None:
+    """Keep ``text`` as ``name`` in ``SPOOL_REPORT_DIR``, if set (docs/testing.md)."""
+    report_dir = os.environ.get("SPOOL_REPORT_DIR")
+    if report_dir:
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
+        Path(report_dir, name).write_text(text)
 
 
 def test_kills_under_load_lose_nothing_and_never_repeat_a_settled_recipient(
@@ -352,10 +357,7 @@ def test_kills_under_load_lose_nothing_and_never_repeat_a_settled_recipient(
     model = run_torture(tmp_path, kills, seed=20240611)
     figures = dict(sorted(model.figures.items()))
     print(f"\ntorture: {json.dumps(figures)}")
-    report_dir = os.environ.get("SPOOL_REPORT_DIR")
-    if report_dir:
-        Path(report_dir).mkdir(parents=True, exist_ok=True)
-        Path(report_dir, "torture.json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_report("torture.json", json.dumps(figures, indent=2) + "\n")
     assert not model.violations, model.violations[:20]
     assert model.figures["kills"] >= kills
     assert 5 * model.figures["kills_during_recovery"] >= model.figures["kills"]

@@ -21,6 +21,7 @@ from spool.fs import FileSystem
 from spool.reader import LogCursor, list_segments
 from spool.records import Position
 from spool.recovery import DECISIONS, Decision, decide
+from spool.testing import deliver_all
 from tests.integration.children import LOAD_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,9 +110,7 @@ def test_segments_are_deleted_as_messages_finish(spool_dir: str) -> None:
             sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 1000)
         log_dir = os.path.join(spool_dir, fmt.LOG_DIR)
         assert len(os.listdir(log_dir)) > 50
-        while (attempt := sp.claim()) is not None:
-            attempt.delivered(attempt.envelope.recipients, "250 ok")
-            attempt.close()
+        deliver_all(sp)
         sp.checkpoint()
         sp.checkpoint()
         assert len(os.listdir(log_dir)) <= 2
@@ -137,9 +136,7 @@ def test_archive_dir_receives_retired_segments(tmp_path: Path) -> None:
     with Spool.open(spool_dir, segment_size=16 * 1024, archive_dir=archive) as sp:
         for i in range(300):
             sp.accept("a@example.org", [f"r{i}@example.net"], b"z" * 500)
-        while (attempt := sp.claim()) is not None:
-            attempt.delivered(attempt.envelope.recipients, "250 ok")
-            attempt.close()
+        deliver_all(sp)
         sp.checkpoint()
     archived = sorted(os.listdir(archive))
     assert len(archived) >= 5 and all(fmt.parse_segment_name(n) for n in archived)
