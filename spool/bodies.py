@@ -87,7 +87,7 @@ def check_body_file(raw: bytes) -> str | None:
     magic, version, _r, length, data_crc, crc = fmt.BODY_HEADER.unpack_from(raw)
     if crc32c(raw[: fmt.BODY_HEADER_SIZE - 4]) != crc or magic != fmt.BODY_MAGIC:
         return "body file header is damaged"
-    if version != fmt.FORMAT_VERSION:
+    if version not in fmt.FORMAT_VERSIONS_READ:
         return f"body file format version {version}"
     data = raw[fmt.BODY_HEADER_SIZE :]
     if len(data) != length:

@@ -1,22 +1,42 @@
 """End-to-end verification of a spool directory, and the repair that sets damage aside.
 
-``check_spool`` reads everything without the lock and without writing: every segment
-header and frame (CRC and record decoding, bodies included), every envelope's body
-reference (inline BODY frame present and owned by the message; body files present and
-intact), orphan body files, and the restart positions against the log. It returns the
-problems, each with the file and offset. Intended for ``spool check``, tests and
-post-mortem analysis.
+``check_spool`` reads everything without the lock and without writing: every segment,
+past any damage (``damage.scan_segment``), every record decoded, every first envelope
+paired with its body, every live message's body file, orphan body files, the settings and
+the restart positions against the log; it works out what any damage means for each
+message (``damage.assess``) and runs recovery's own scan and decisions as a dry run, so
+that a spool it calls clean is one that opens. It returns the problems, each with the
+file and offset. Intended for ``spool check``, tests and post-mortem analysis.
 
-``repair_spool`` (owner lock held by the caller) makes a damaged spool openable without
-deleting anything: a segment with damage is copied whole into ``corrupt/`` and cut back
-to its last good frame (a segment whose header is damaged is replaced by an empty one, so
-the numbering stays contiguous); damaged body files are moved into ``corrupt/``; the
-positions file is moved aside so the next open scans everything.
+``repair_spool`` makes a damaged spool openable without losing intact mail (Postfix sets
+one corrupt queue file aside and leaves the rest):
+
+1. under the owner lock, every damaged segment is copied whole into ``corrupt/``, damaged
+   and orphan body files and a damaged settings file are moved there, the restart
+   positions are moved there (so the next open scans the whole log), and each damaged
+   segment is rewritten with only its damaged bytes replaced: by a ``damaged`` marker
+   record of exactly their size naming what they held and where the copy is, or by
+   padding where nothing of value was lost. Every intact frame stays where it was;
+2. the spool is opened (recovery, over the whole log), and each message the damage made
+   undeliverable is failed with a reply that says why (its sender gets a bounce), each
+   one whose state may have been lost is held for the operator, and each one whose
+   envelope was lost is finished by recovery with the outcomes that survived;
+3. the spool is checked again.
 
 Crash safety (repair):
     Each copy into ``corrupt/`` is fdatasynced and its directory fsynced before the
-    original is cut or moved, so a crash never loses the damaged bytes; a repeated repair
-    finds the same damage (or none) and converges.
+    original is changed, so a crash never loses the damaged bytes. The positions file is
+    moved aside (directory fsynced) before any segment is rewritten, so no recovery with
+    old positions ever meets a marker it did not scan. A segment is rewritten into a
+    temporary file, fdatasynced and renamed over the original (atomic; the log directory
+    is fsynced), so a crash leaves the old segment or the repaired one. The markers say
+    what was lost, so a repair interrupted at any point is finished by running it again:
+    step 2 derives from the markers exactly what it derived from the damage.
+
+Errors:
+    ``SpoolLocked`` if an owner runs (a repair needs the spool to itself); ``OSError``
+    from the file operations of a repair propagates (nothing is deleted, so running it
+    again is safe).
 """
 
 from __future__ import annotations
@@ -31,13 +51,35 @@ import attrs
 from spool import format as fmt
 from spool import records as rec
 from spool.bodies import check_body_file
-from spool.errors import CorruptSpool
-from spool.framing import Frame
+from spool.damage import (
+    RECORD_FRAME_MIN,
+    Affected,
+    Assessment,
+    Region,
+    RegionKind,
+    SegmentScan,
+    Verdict,
+    replacement,
+    scan_segment,
+)
+from spool.errors import CorruptSpool, SpoolError, UnknownMessage
 from spool.fs import FileSystem
-from spool.positions import load_positions, unretired
-from spool.reader import LogCursor, list_segments
+from spool.lock import OwnerLock
+from spool.options import load_settings, resolve_options
+from spool.positions import RestartPositions, load_positions, unretired
+from spool.reader import list_segments
 from spool.records import Position
-from spool.writer import segment_header
+from spool.recovery import is_damaged_body, recover
+from spool.spool import Spool
+from spool.writer import new_salt, segment_header
+
+BODY_LOST_REPLY = (
+    "554 5.3.0 message data lost to disk damage in the spool; the damaged bytes were kept as {copy}"
+)
+RECORDS_LOST_HOLD = (
+    "records of this message may have been lost to disk damage at {region}: check whether "
+    "its recipients were delivered before releasing it"
+)
 
 
 @attrs.frozen
@@ -60,12 +102,23 @@ class CheckReport:
     live_messages: int
     body_files: int
     seconds: float
-
     orphan_bodies: tuple[str, ...] = ()
+    regions: tuple[Region, ...] = ()  # damage not yet set aside
+    affected: tuple[Affected, ...] = ()  # what the damage means for each message it touched
+    bad_body_files: tuple[str, ...] = ()
+    bad_settings: bool = False
+    missing_segments: tuple[int, ...] = ()
 
     @property
     def clean(self) -> bool:
         return not self.problems
+
+    @property
+    def mail_affected(self) -> bool:
+        """Whether the damage touched mail: a message named, or records of unknown kind
+        lost (an accept among them would be lost unnamed)."""
+        unknown = any(r.kind is RegionKind.RECORDS and not r.lost for r in self.regions)
+        return bool(self.affected) or unknown or bool(self.missing_segments)
 
 
 def check_spool(
@@ -80,33 +133,46 @@ def check_spool(
     body_dir = os.path.join(path, fmt.BODY_DIR)
     problems: list[Problem] = []
     notes: list[str] = []
+    bad_settings = _check_settings(fs, path, problems)
     segments = list_segments(fs, log_dir) if os.path.isdir(log_dir) else []
-    kept = unretired(segments, load_positions(fs, path))
+    positions = load_positions(fs, path)
+    kept = unretired(segments, positions)
     if len(kept) < len(segments):
         notes.append(f"{len(segments) - len(kept)} retired segment(s) awaiting deletion")
     segments = kept
-    for prev, nxt in itertools.pairwise(segments):
-        if nxt != prev + 1:
-            problems.append(
-                Problem(os.path.join(log_dir, fmt.segment_name(prev + 1)), 0, "segment missing")
-            )
-    live: dict[str, rec.Envelope] = {}
-    file_bodies: set[str] = set()
+    missing = [n for prev, nxt in itertools.pairwise(segments) for n in range(prev + 1, nxt)]
+    for n in missing:
+        problems.append(Problem(_segment_path(log_dir, n), 0, "segment missing"))
+    walk = Assessment(set())
+    regions: list[Region] = []
+    markers: list[Region] = []
     records = size = 0
     for seg in segments:
-        seg_records, seg_bytes = _check_segment(
-            fs, log_dir, seg, segments[-1], live, problems, notes
-        )
-        records += seg_records
-        size += seg_bytes
+        if seg - 1 in missing:
+            walk.step(Position(seg - 1, 0), _missing_region(seg - 1))
+        scan = _scan(fs, log_dir, seg, segments[-1], positions)
+        records += sum(1 for _, item in scan.items if not isinstance(item, Region))
+        size += scan.size
+        _report_scan(scan, _segment_path(log_dir, seg), problems, notes)
+        for offset, item in scan.items:
+            walk.step(Position(seg, offset), item)
+            if isinstance(item, Region):
+                (markers if item.marker else regions).append(item)
         if progress is not None:
             progress(1)
-    for msg_id, env in live.items():
-        if env.body.kind == rec.BODY_FILE:
-            file_bodies.add(msg_id)
-            _check_body_file(fs, body_dir, msg_id, problems)
+    if markers:
+        copies = sorted({m.copy for m in markers if m.copy})
+        notes.append(
+            f"{len(markers)} damaged region(s) set aside by an earlier repair"
+            + (f" (copies: {', '.join(copies)})" if copies else "")
+        )
+    live = set(walk.live)
+    bad_files = _check_bodies(fs, body_dir, walk, problems)
+    walk.bad_files = set(bad_files)
+    affected = walk.verdicts()
+    _report_unfinished_repairs(affected, problems, notes)
     present = set(os.listdir(body_dir)) if os.path.isdir(body_dir) else set()
-    orphans = sorted(present - file_bodies)
+    orphans = sorted(present - live)
     if orphans:
         notes.append(
             f"{len(orphans)} body file(s) that no live message names (left by a crash during "
@@ -114,7 +180,9 @@ def check_spool(
             + ", ".join(orphans[:5])
             + (" ..." if len(orphans) > 5 else "")
         )
-    _check_positions(fs, path, segments, problems)
+    _check_positions(fs, path, segments, positions, problems)
+    if not bad_settings and segments:
+        _dry_run_recovery(fs, path, problems)
     return CheckReport(
         problems=tuple(problems),
         notes=tuple(notes),
@@ -125,83 +193,161 @@ def check_spool(
         body_files=len(present),
         seconds=time.monotonic() - started,
         orphan_bodies=tuple(orphans),
+        regions=tuple(regions),
+        affected=tuple(affected),
+        bad_body_files=tuple(bad_files),
+        bad_settings=bad_settings,
+        missing_segments=tuple(missing),
     )
 
 
-def _check_segment(
-    fs: FileSystem,
-    log_dir: str,
-    seg: int,
-    newest: int,
-    live: dict[str, rec.Envelope],
-    problems: list[Problem],
-    notes: list[str],
-) -> tuple[int, int]:
-    path = os.path.join(log_dir, fmt.segment_name(seg))
-    cursor = LogCursor(fs, log_dir, Position(seg, 0), newest_segment=newest)
-    records = 0
-    expect_body: tuple[str, Position] | None = None
+def _segment_path(log_dir: str, number: int) -> str:
+    return os.path.join(log_dir, fmt.segment_name(number))
+
+
+def _missing_region(number: int) -> Region:
+    return Region(number, 0, 0, RegionKind.RECORDS, "segment missing")
+
+
+def _read_all(fs: FileSystem, path: str) -> bytes:
+    fd = fs.open(path, os.O_RDONLY)
     try:
-        while (item := cursor.next(Position(seg + 1, 0))) is not None:
-            pos, frame = item
-            assert isinstance(frame, Frame)
-            records += 1
-            if expect_body is not None:
-                owner, at = expect_body
-                expect_body = None
-                if frame.type != fmt.T_BODY or rec.decode_body(frame.payload)[0] != owner:
-                    problems.append(
-                        Problem(path, at.offset, f"envelope of {owner} has no body frame")
-                    )
-            if frame.type in (fmt.T_BODY, fmt.T_PAD):
-                continue
-            try:
-                record = rec.decode(frame.type, frame.payload)
-            except rec.RecordError as exc:
-                problems.append(Problem(path, pos.offset, f"undecodable record: {exc}"))
-                continue
-            if isinstance(record, rec.Envelope):
-                live[record.msg_id] = record
-                if record.body.kind == rec.BODY_INLINE and record.body.at is None:
-                    expect_body = (record.msg_id, pos)
-            elif isinstance(record, rec.Finish):
-                live.pop(record.msg_id, None)
-    except CorruptSpool as exc:
-        problems.append(Problem(exc.path, exc.offset, exc.reason))
+        return fs.pread(fd, fs.size(fd), 0)
     finally:
-        cursor.close()
-    if cursor.torn is not None:
+        fs.close(fd)
+
+
+def _scan(
+    fs: FileSystem, log_dir: str, seg: int, newest: int, positions: RestartPositions | None
+) -> SegmentScan:
+    data = _read_all(fs, _segment_path(log_dir, seg))
+    consistent = positions.consistent if positions is not None else Position(0, 0)
+    if consistent.segment > seg:
+        durable_end = len(data)
+    elif consistent.segment == seg:
+        durable_end = consistent.offset
+    else:
+        durable_end = 0
+    return scan_segment(data, seg, newest=seg == newest, durable_end=durable_end)
+
+
+def _report_scan(scan: SegmentScan, path: str, problems: list[Problem], notes: list[str]) -> None:
+    if scan.header_problem is not None and scan.torn_at is None and scan.salt is not None:
+        problems.append(Problem(path, 0, f"segment header: {scan.header_problem}"))
+    for region in scan.regions:
+        if not region.marker:
+            what = f"{region.reason}; {region.end - region.start} bytes"
+            if region.start == 0 and scan.salt is None:
+                what = f"{region.reason}; the whole segment ({region.end} bytes) is unreadable"
+            problems.append(Problem(path, region.start, what))
+    if scan.torn_at is not None:
         notes.append(
-            f"{path}: torn tail of {cursor.torn.bytes} bytes at offset {cursor.torn.at.offset} "
+            f"{path}: torn tail of {scan.size - scan.torn_at} bytes at offset {scan.torn_at} "
             "(an interrupted last write; the next open cuts it)"
         )
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        size = 0
-    return records, size
+    _check_pairs(scan, path, problems)
 
 
-def _check_body_file(fs: FileSystem, body_dir: str, msg_id: str, problems: list[Problem]) -> None:
-    path = os.path.join(body_dir, msg_id)
+def _check_pairs(scan: SegmentScan, path: str, problems: list[Problem]) -> None:
+    """Every first envelope with an inline body is followed by its BODY frame (or by the
+    damage, or the marker a repair left, in its place); every record decodes."""
+    expect: tuple[str, int] | None = None
+    for offset, item in scan.items:
+        if expect is not None:
+            owner, at = expect
+            expect = None
+            if isinstance(item, Region):
+                pass  # the body is in the damage: the damage is the problem
+            elif item.type == fmt.T_BODY:
+                if rec.decode_body(item.payload)[0] != owner:
+                    problems.append(Problem(path, at, f"envelope of {owner} has no body frame"))
+            elif not is_damaged_body(item, owner):
+                problems.append(Problem(path, at, f"envelope of {owner} has no body frame"))
+        if isinstance(item, Region) or item.type in (fmt.T_BODY, fmt.T_PAD):
+            continue
+        try:
+            record = rec.decode(item.type, item.payload)
+        except rec.RecordError as exc:
+            problems.append(Problem(path, offset, f"undecodable record: {exc}"))
+            continue
+        inline = isinstance(record, rec.Envelope) and record.body.kind == rec.BODY_INLINE
+        if inline and isinstance(record, rec.Envelope) and record.body.at is None:
+            expect = (record.msg_id, offset)
+    # An envelope that ends the log: a tear that recovery cuts, or damage that its dry run
+    # (``_dry_run_recovery``) reports.
+
+
+def _check_bodies(
+    fs: FileSystem, body_dir: str, walk: Assessment, problems: list[Problem]
+) -> list[str]:
+    """The body files of live messages: each present and intact. Returns the bad ones."""
+    bad = []
+    for msg_id, state in walk.live.items():
+        if state.body is None or state.body.kind != rec.BODY_FILE:
+            continue
+        path = os.path.join(body_dir, msg_id)
+        try:
+            raw = _read_all(fs, path)
+        except FileNotFoundError:
+            problems.append(Problem(path, 0, "body file of a live message is missing"))
+            bad.append(msg_id)
+            continue
+        why = check_body_file(raw)
+        if why is not None:
+            problems.append(Problem(path, 0, why))
+            bad.append(msg_id)
+    return bad
+
+
+def _report_unfinished_repairs(
+    affected: list[Affected], problems: list[Problem], notes: list[str]
+) -> None:
+    """Messages touched by damage an earlier repair set aside: those the repair has not
+    yet settled (an interrupted repair) are problems; the rest are notes."""
+    for a in affected:
+        if not a.region.marker:
+            continue  # new damage: reported as such, settled by the next repair
+        if a.verdict is Verdict.BODY_LOST and a.live:
+            problems.append(
+                Problem(
+                    a.region.copy or "log",
+                    a.region.start,
+                    f"{a.msg_id}: its body was lost to damage at {a.region} and it is still "
+                    "queued; run spool check --repair to finish the repair",
+                )
+            )
+        elif a.verdict is Verdict.RECORDS_LOST and a.live and not a.held:
+            problems.append(
+                Problem(
+                    a.region.copy or "log",
+                    a.region.start,
+                    f"{a.msg_id}: its records may have been lost to damage at {a.region} and "
+                    "it is not held; run spool check --repair to finish the repair",
+                )
+            )
+        else:
+            notes.append(f"{a.msg_id}: {a.verdict.value} at {a.region} ({a.detail or 'held'})")
+
+
+def _check_settings(fs: FileSystem, path: str, problems: list[Problem]) -> bool:
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        problems.append(Problem(path, 0, "body file of a live message is missing"))
-        return
-    why = check_body_file(raw)
-    if why is not None:
-        problems.append(Problem(path, 0, why))
+        load_settings(fs, path)
+    except CorruptSpool as exc:
+        problems.append(Problem(exc.path, exc.offset, exc.reason))
+        return True
+    return False
 
 
 def _check_positions(
-    fs: FileSystem, path: str, segments: list[int], problems: list[Problem]
+    fs: FileSystem,
+    path: str,
+    segments: list[int],
+    positions: RestartPositions | None,
+    problems: list[Problem],
 ) -> None:
     pos_path = os.path.join(path, fmt.POSITIONS_NAME)
     if not os.path.exists(pos_path):
         return
-    positions = load_positions(fs, path)
     if positions is None:
         problems.append(
             Problem(
@@ -220,66 +366,181 @@ def _check_positions(
         )
 
 
-def repair_spool(path: str, fs: FileSystem | None = None) -> list[str]:
-    """Set damaged files aside so that the spool opens; return what was done, a line each."""
+def _dry_run_recovery(fs: FileSystem, path: str, problems: list[Problem]) -> None:
+    """Recovery's own scan and decisions, writing nothing: what it refuses, the open would
+    refuse too (reported once, if the check did not already find it)."""
+    options = resolve_options(load_settings(fs, path), {})
+    try:
+        recover(fs, path, options=options, clock=time.time, dry_run=True)
+    except CorruptSpool as exc:
+        if not any(p.path == exc.path and p.offset == exc.offset for p in problems):
+            problems.append(Problem(exc.path, exc.offset, f"recovery refuses: {exc.reason}"))
+
+
+# --- repair --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RepairReport:
+    """What a repair found, did to files, and did to each message it touched."""
+
+    before: CheckReport
+    actions: tuple[str, ...]
+    fates: tuple[tuple[str, str], ...]  # (message id, what became of it)
+    after: CheckReport
+
+    @property
+    def mail_affected(self) -> bool:
+        return self.before.mail_affected
+
+
+def repair_spool(path: str, fs: FileSystem | None = None) -> RepairReport:
+    """Set damage aside so that the spool opens, keeping every intact frame (module
+    docstring). Needs the spool to itself: ``SpoolLocked`` while an owner runs."""
     fs = fs or FileSystem()
-    report = check_spool(path, fs)
+    owner = OwnerLock(fs, os.path.join(path, fmt.LOCK_NAME), path)
+    try:
+        before = check_spool(path, fs)
+        actions = _repair_files(fs, path, before) if _needs_repair(before) else []
+    finally:
+        owner.release()
+    fates = _settle_affected(path, before, fs) if before.affected or actions else []
+    return RepairReport(before, tuple(actions), tuple(fates), check_spool(path, fs))
+
+
+def _needs_repair(report: CheckReport) -> bool:
+    return bool(
+        report.regions
+        or report.bad_body_files
+        or report.orphan_bodies
+        or report.bad_settings
+        or report.missing_segments
+        or any(p.what.startswith("segment header") for p in report.problems)
+    )
+
+
+def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
+    """Step 1 of the module docstring; returns what was done, a line each."""
     done: list[str] = []
-    corrupt = os.path.join(path, fmt.CORRUPT_DIR)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    body_dir = os.path.join(root, fmt.BODY_DIR)
+    corrupt = os.path.join(root, fmt.CORRUPT_DIR)
     if not os.path.isdir(corrupt):
         fs.mkdir(corrupt, 0o700)
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    log_dir = os.path.join(path, fmt.LOG_DIR)
-    handled: set[str] = set()
-    for problem in report.problems:
-        if not problem.fatal or problem.path in handled:
-            continue
-        handled.add(problem.path)
-        name = os.path.basename(problem.path)
-        if os.path.dirname(problem.path) == log_dir and os.path.exists(problem.path):
-            keep = problem.offset if problem.offset >= fmt.SEGMENT_HEADER_SIZE else 0
-            target = os.path.join(corrupt, f"{name}.{stamp}.bad")
-            _copy_durably(fs, problem.path, target, corrupt)
-            number = fmt.parse_segment_name(name)
-            assert number is not None
-            _cut_segment(fs, problem.path, keep, number)
-            done.append(
-                f"copied {problem.path} to {target}; kept its first {max(keep, 32)} bytes "
-                f"({problem.what} at offset {problem.offset})"
-            )
-        elif os.path.dirname(problem.path) == os.path.join(path, fmt.BODY_DIR):
-            if os.path.exists(problem.path):
-                target = os.path.join(corrupt, f"body.{name}.{stamp}.bad")
-                fs.rename(problem.path, target)
-                done.append(f"moved {problem.path} to {target} ({problem.what})")
-        elif problem.what == "segment missing":
-            number = fmt.parse_segment_name(name)
-            assert number is not None
-            _cut_segment(fs, problem.path, 0, number)
-            done.append(f"created an empty {problem.path} in place of a missing segment")
-    for orphan in report.orphan_bodies:
-        src = os.path.join(path, fmt.BODY_DIR, orphan)
-        target = os.path.join(corrupt, f"body.{orphan}.{stamp}.orphan")
+        fs.fsync_dir(root)
+    damaged = sorted(
+        {r.segment for r in report.regions}
+        | {
+            fmt.parse_segment_name(os.path.basename(p.path)) or 0
+            for p in report.problems
+            if p.what.startswith("segment header")
+        }
+    )
+    copies: dict[int, str] = {}
+    for seg in damaged:
+        src = _segment_path(log_dir, seg)
+        name = f"{fmt.segment_name(seg)}.{stamp}.bad"
+        # (X1) The copy is durable before the segment is changed.
+        _copy_durably(fs, src, os.path.join(corrupt, name), corrupt)
+        copies[seg] = os.path.join(fmt.CORRUPT_DIR, name)
+        done.append(f"copied {src} to {copies[seg]}")
+    moved = False
+    for msg_id in report.bad_body_files:
+        src = os.path.join(body_dir, msg_id)
+        if os.path.exists(src):
+            target = os.path.join(corrupt, f"body.{msg_id}.{stamp}.bad")
+            fs.rename(src, target)
+            done.append(f"moved the damaged body file {src} to {target}")
+            moved = True
+    for msg_id in report.orphan_bodies:
+        src = os.path.join(body_dir, msg_id)
+        target = os.path.join(corrupt, f"body.{msg_id}.{stamp}.orphan")
         fs.rename(src, target)
         done.append(f"moved orphan body file {src} to {target}")
-    if report.orphan_bodies:
-        fs.fsync_dir(os.path.join(path, fmt.BODY_DIR))
-    if any(p.fatal for p in report.problems):
-        pos_path = os.path.join(path, fmt.POSITIONS_NAME)
-        if os.path.exists(pos_path):
-            target = os.path.join(corrupt, f"positions.{stamp}")
-            fs.rename(pos_path, target)
-            done.append(f"moved {pos_path} to {target}: the next open scans the whole log")
-    if done:
+        moved = True
+    for a in report.affected:
+        # A message whose envelope was lost may still have a body file: keep its data.
+        src = os.path.join(body_dir, a.msg_id)
+        if a.verdict is Verdict.ENVELOPE_LOST and os.path.exists(src):
+            target = os.path.join(corrupt, f"body.{a.msg_id}.{stamp}.lost-envelope")
+            _copy_durably(fs, src, target, corrupt)
+            done.append(f"copied the body file of {a.msg_id} (its envelope was lost) to {target}")
+    if report.bad_settings:
+        src = os.path.join(root, fmt.SETTINGS_NAME)
+        fs.rename(src, os.path.join(corrupt, f"settings.{stamp}"))
+        done.append(f"moved the damaged {src} aside: the spool's defaults apply")
+        moved = True
+    if damaged or report.missing_segments:
+        src = os.path.join(root, fmt.POSITIONS_NAME)
+        if os.path.exists(src):
+            # (X2) Before any segment changes: the next open scans the whole log, markers
+            # included.
+            fs.rename(src, os.path.join(corrupt, f"positions.{stamp}"))
+            done.append(f"moved {src} aside: the next open scans the whole log")
+            moved = True
+    if moved:
         fs.fsync_dir(corrupt)
-        fs.fsync_dir(log_dir)
-        fs.fsync_dir(path)
+        fs.fsync_dir(body_dir)
+        fs.fsync_dir(root)
+    regions = {seg: [r for r in report.regions if r.segment == seg] for seg in damaged}
+    for seg in damaged:
+        _rewrite_segment(fs, log_dir, seg, regions[seg], copies[seg])
+        what = ", ".join(f"{r.kind.value} at {r}" for r in regions[seg]) or "its header"
+        done.append(f"set aside the damaged bytes of {_segment_path(log_dir, seg)}: {what}")
+    for seg in report.missing_segments:
+        _write_segment(fs, log_dir, seg, _missing_segment(seg))
+        done.append(f"created {_segment_path(log_dir, seg)} in place of a missing segment")
     return done
 
 
+def _rewrite_segment(
+    fs: FileSystem, log_dir: str, seg: int, regions: list[Region], copy: str
+) -> None:
+    """The segment with each damaged region replaced by a marker or padding of its size."""
+    data = _read_all(fs, _segment_path(log_dir, seg))
+    scan = scan_segment(data, seg, newest=False, durable_end=len(data))
+    now = time.time()
+    if scan.salt is None:
+        salt = new_salt()
+        out = bytearray(segment_header(seg, salt))
+        rest = len(data) - fmt.SEGMENT_HEADER_SIZE
+        if rest >= fmt.FRAME_HEADER_SIZE:
+            lost = Region(seg, len(out), len(data), RegionKind.RECORDS, "unreadable segment")
+            out += replacement(lost, salt, now, copy)
+    else:
+        out = bytearray(data)
+        out[: fmt.SEGMENT_HEADER_SIZE] = segment_header(seg, scan.salt)
+        for region in regions:
+            if region.start >= fmt.SEGMENT_HEADER_SIZE:
+                out[region.start : region.end] = replacement(region, scan.salt, now, copy)
+    assert len(out) <= len(data) or scan.salt is None
+    _write_segment(fs, log_dir, seg, bytes(out))
+
+
+def _missing_segment(seg: int) -> bytes:
+    salt = new_salt()
+    start = fmt.SEGMENT_HEADER_SIZE
+    lost = Region(seg, start, start + RECORD_FRAME_MIN, RegionKind.RECORDS, "segment missing")
+    return segment_header(seg, salt) + replacement(lost, salt, time.time(), "")
+
+
+def _write_segment(fs: FileSystem, log_dir: str, seg: int, data: bytes) -> None:
+    """(X3) Replace segment ``seg`` atomically: temp file, fdatasync, rename, dir fsync."""
+    path = _segment_path(log_dir, seg)
+    tmp = path + ".repair"  # not a segment name: readers never see it
+    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        fs.pwrite(fd, data, 0)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    fs.rename(tmp, path)
+    fs.fsync_dir(log_dir)
+
+
 def _copy_durably(fs: FileSystem, src: str, dst: str, dst_dir: str) -> None:
-    with open(src, "rb") as f:
-        data = f.read()
+    data = _read_all(fs, src)
     fd = fs.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         fs.pwrite(fd, data, 0)
@@ -289,15 +550,33 @@ def _copy_durably(fs: FileSystem, src: str, dst: str, dst_dir: str) -> None:
     fs.fsync_dir(dst_dir)
 
 
-def _cut_segment(fs: FileSystem, path: str, keep: int, number: int) -> None:
-    """Cut a segment back to ``keep`` bytes, or make it an empty segment (header only)."""
-    fd = fs.open(path, os.O_WRONLY | os.O_CREAT)
+def _settle_affected(path: str, report: CheckReport, fs: FileSystem) -> list[tuple[str, str]]:
+    """Step 2 of the module docstring: open the spool and settle each message the damage
+    touched; returns what became of each."""
+    fates: list[tuple[str, str]] = []
+    with Spool.open(path, fs=fs) as sp:
+        for a in report.affected:
+            fates.append((a.msg_id, _settle_one(sp, a)))
+    return fates
+
+
+def _settle_one(sp: Spool, a: Affected) -> str:
+    copy = a.region.copy or f"{fmt.CORRUPT_DIR}/ (the copy of segment {a.region.segment})"
     try:
-        if keep < fmt.SEGMENT_HEADER_SIZE:
-            fs.ftruncate(fd, 0)
-            fs.pwrite(fd, segment_header(number), 0)
-        else:
-            fs.ftruncate(fd, keep)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
+        if a.verdict is Verdict.BODY_LOST:
+            reply = BODY_LOST_REPLY.format(copy=copy)
+            sp.delete(a.msg_id, reply)
+            return f"its body was lost at {a.region}: its pending recipients failed ({reply})"
+        if a.verdict is Verdict.RECORDS_LOST:
+            if a.held:
+                return f"records possibly lost at {a.region}; it stays held"
+            sp.hold(a.msg_id, RECORDS_LOST_HOLD.format(region=a.region))
+            return (
+                f"records possibly lost at {a.region}: held; check whether its recipients "
+                "were delivered, then release or delete it"
+            )
+    except UnknownMessage:
+        return "no longer queued (settled meanwhile)"
+    except SpoolError as exc:
+        return f"could not be settled: {exc}"
+    return f"envelope lost at {a.region}: {a.detail}"

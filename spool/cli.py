@@ -14,6 +14,7 @@ listings (one object per message or record).
 from __future__ import annotations
 
 import collections
+import enum
 import fcntl
 import json
 import os
@@ -28,15 +29,16 @@ import click
 
 from spool import format as fmt
 from spool import records as rec
-from spool.check import check_spool, repair_spool
+from spool.check import CheckReport, check_spool, repair_spool
 from spool.errors import SpoolError, SpoolLocked
 from spool.fs import FileSystem
 from spool.lock import read_owner_pid
+from spool.options import SpoolOptions, load_settings, resolve_options
 from spool.positions import load_positions
 from spool.queue_view import QueueEntry, history, live_messages, walk
 from spool.records import Position
 from spool.recovery import recover
-from spool.spool import DEFAULT_RETRY_INTERVALS, Spool
+from spool.spool import Spool
 
 F = TypeVar("F", bound=Callable[..., Any])
 DIR = click.argument("directory", type=click.Path(file_okay=False))
@@ -88,6 +90,8 @@ def parse_position(text: str) -> Position:
 def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, Position):
         return str(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
     if attrs.has(type(obj)):
         return {k: to_jsonable(v) for k, v in attrs.asdict(obj, recurse=False).items()}
     if isinstance(obj, tuple | list | set | frozenset):
@@ -131,12 +135,14 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def recorded_options(directory: str) -> SpoolOptions:
+    """The owner's options as the spool recorded them (its settings; tuning left default)."""
+    return resolve_options(load_settings(FileSystem(), directory), {})
+
+
 def intervals_of(directory: str) -> tuple[float, ...]:
-    """The owner's retry intervals as its restart positions recorded them."""
-    positions = load_positions(FileSystem(), directory)
-    if positions is not None and positions.retry_intervals:
-        return positions.retry_intervals
-    return DEFAULT_RETRY_INTERVALS
+    """The owner's retry intervals as the spool recorded them."""
+    return recorded_options(directory).retry_intervals
 
 
 def require_spool(directory: str) -> None:
@@ -144,10 +150,10 @@ def require_spool(directory: str) -> None:
         fail(f"{directory} is not a spool (no {fmt.LOG_DIR}/ directory)")
 
 
-def open_spool(directory: str, **options: Any) -> Spool:
-    """Open (and so recover) the spool with the owner's retry intervals."""
+def open_spool(directory: str) -> Spool:
+    """Open (and so recover) the spool; it keeps the settings its owner recorded."""
     require_spool(directory)
-    return Spool.open(directory, retry_intervals=intervals_of(directory), **options)
+    return Spool.open(directory)
 
 
 # --- the command group -----------------------------------------------------------------
@@ -222,14 +228,11 @@ def dry_run_recovery(directory: str) -> Any:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError:
                 raise SpoolLocked(directory, read_owner_pid(lock_path)) from None
-        intervals = intervals_of(directory)
         state = recover(
             FileSystem(),
             directory,
-            n_classes=len(intervals) + 1,
-            crash_limit=3,
+            options=recorded_options(directory),
             clock=time.time,
-            class_for_attempts=lambda a: min(a, len(intervals)),
             dry_run=True,
         )
         return state.report
@@ -246,6 +249,10 @@ def dry_run_recovery(directory: str) -> Any:
 def check(directory: str, repair: bool, as_json: bool) -> None:
     """Verify every segment and body end to end; exit 1 when problems are found.
 
+    With --repair, only damaged bytes are set aside (copied to corrupt/ first); every
+    message the damage touched is named with what became of it, and the exit status is 1
+    when mail was affected.
+
     \b
     Example:
       spool check var/spool
@@ -258,39 +265,50 @@ def check(directory: str, repair: bool, as_json: bool) -> None:
             report = check_spool(directory, progress=bar.update)
     else:
         report = check_spool(directory)
-    moved: list[str] = []
-    if repair and (not report.clean or report.orphan_bodies):
-        sp = None
-        try:
-            from spool.lock import OwnerLock
-
-            owner = OwnerLock(FileSystem(), os.path.join(directory, fmt.LOCK_NAME), directory)
-            try:
-                moved = repair_spool(directory)
-            finally:
-                owner.release()
-            sp = open_spool(directory)  # recovery: cuts torn tails, writes fresh positions
-        finally:
-            if sp is not None:
-                sp.close()
+    repaired = None
+    needs = not report.clean or report.orphan_bodies or report.affected
+    if repair and needs:
+        repaired = repair_spool(directory)
     if as_json:
-        emit_json({**to_jsonable(report), "clean": report.clean, "repaired": moved})
+        out: dict[str, Any] = {**to_jsonable(report), "clean": report.clean}
+        if repaired is not None:
+            out["repaired"] = list(repaired.actions)
+            out["fates"] = dict(repaired.fates)
+            out["clean_after_repair"] = repaired.after.clean
+        emit_json(out)
     else:
-        for problem in report.problems:
-            kind = "error" if problem.fatal else "warning"
-            click.echo(f"{kind}: {problem.path} at offset {problem.offset}: {problem.what}")
-        for note in report.notes:
-            click.echo(f"note: {note}")
-        for line in moved:
-            click.echo(f"repaired: {line}")
-        click.echo(
-            f"{'clean' if report.clean else f'{len(report.problems)} problem(s)'}: "
-            f"{report.segments} segments, {report.records} records, "
-            f"{human_size(report.bytes)}, {report.live_messages} live messages, "
-            f"{report.body_files} body files ({report.seconds:.2f} s)"
-        )
-    if not report.clean and not moved:
+        print_check(report)
+        if repaired is not None:
+            for line in repaired.actions:
+                click.echo(f"repaired: {line}")
+            for msg_id, fate in repaired.fates:
+                click.echo(f"affected: {msg_id}: {fate}")
+            for problem in repaired.after.problems:
+                click.echo(f"still: {problem.path} at offset {problem.offset}: {problem.what}")
+            state = "clean" if repaired.after.clean else "still damaged"
+            click.echo(f"after repair: {state}")
+    if repaired is not None:
+        if repaired.mail_affected or not repaired.after.clean:
+            sys.exit(1)
+    elif not report.clean:
         sys.exit(1)
+
+
+def print_check(report: CheckReport) -> None:
+    for problem in report.problems:
+        kind = "error" if problem.fatal else "warning"
+        click.echo(f"{kind}: {problem.path} at offset {problem.offset}: {problem.what}")
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    for a in report.affected:
+        if not a.region.marker:
+            click.echo(f"damaged: {a.msg_id}: {a.verdict.value} at {a.region}")
+    click.echo(
+        f"{'clean' if report.clean else f'{len(report.problems)} problem(s)'}: "
+        f"{report.segments} segments, {report.records} records, "
+        f"{human_size(report.bytes)}, {report.live_messages} live messages, "
+        f"{report.body_files} body files ({report.seconds:.2f} s)"
+    )
 
 
 def matches(
@@ -681,12 +699,7 @@ def accept(directory: str, sender: str, recipients: tuple[str, ...]) -> None:
       spool accept var/spool -f alice@example.org bob@example.net < message.eml
     """
     data = sys.stdin.buffer.read()
-    sp = (
-        Spool.open(directory, retry_intervals=intervals_of(directory))
-        if not os.path.isdir(os.path.join(directory, fmt.LOG_DIR))
-        else open_spool(directory)
-    )
-    with sp:
+    with Spool.open(directory) as sp:
         click.echo(sp.accept(sender, list(recipients), data))
 
 

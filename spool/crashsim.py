@@ -137,6 +137,39 @@ class RecordingFS(FileSystem):
             self._names[path] = self._new_ino()
         self._fds: dict[int, int] = {}
 
+    @classmethod
+    def after_process_crash(cls, trace: Trace, prefix: int, base: str) -> RecordingFS:
+        """A recorder that continues ``trace`` after a process crash (``kill -9``) that
+        came after its first ``prefix`` operations.
+
+        A process crash keeps the page cache: every one of those operations has happened,
+        but the ones not yet covered by an fsync are still *pending*, and a power cut
+        later may yet lose them, unless something syncs them first. So the tree written
+        under ``base`` (which must be empty) holds all of them, and the recorder's trace is
+        the old prefix followed by whatever runs next (recovery): a ``CrashSimulator`` of
+        that trace keeps the dead process's un-synced writes pending until a sync of the
+        new run covers them (docs/fault-model.md, assumption 7).
+        """
+        sim = CrashSimulator(trace)
+        sim.build(prefix, sim.pending(prefix)).write(base)
+        continued = Trace(
+            initial=dict(trace.initial),
+            initial_dirs=set(trace.initial_dirs),
+            ops=list(trace.ops[:prefix]),
+        )
+        fs = cls(base, continued)
+        # Name the files as the dead process left them: replay creations, renames and
+        # unlinks of the prefix over the initial files (numbered as in __init__).
+        for op in continued.ops:
+            if op.kind == "create":
+                fs._names[op.path] = op.ino
+                fs._next_ino = max(fs._next_ino, op.ino + 1)
+            elif op.kind == "rename" and op.path in fs._names:
+                fs._names[op.dst] = fs._names.pop(op.path)
+            elif op.kind == "unlink":
+                fs._names.pop(op.path, None)
+        return fs
+
     def _new_ino(self) -> int:
         ino = self._next_ino
         self._next_ino += 1

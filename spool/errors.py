@@ -47,6 +47,23 @@ class SpoolClosed(SpoolError):
     """The spool or the attempt was closed; open the spool again to continue."""
 
 
+class SpoolMisuse(SpoolError, ValueError):
+    """A call that cannot be made as given (a bad argument, an attempt already closed, a
+    spool used in a process it was not opened in); nothing was written. Fix the call."""
+
+
+class UnknownMessage(SpoolError, KeyError):
+    """No message with this id is in the spool (an operator action, ``show``)."""
+
+    def __init__(self, msg_id: str, where: str = "the spool") -> None:
+        self.msg_id = msg_id
+        super().__init__(f"no message {msg_id} in {where}")
+
+    def __str__(self) -> str:
+        # KeyError quotes its argument; this error is a sentence.
+        return str(self.args[0])
+
+
 class InvalidMessage(SpoolError, ValueError):
     """The message cannot be accepted as given; nothing was written."""
 

@@ -9,14 +9,19 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-FORMAT_VERSION: Final = 1
+# Version 2 salts every frame's CRC with a random number from its segment's header (the
+# field version 1 reserved and wrote as 0), so that bytes inside a message body cannot
+# pass for a frame (docs/format.md, "Salts"). Readers read both: a version 1 segment is
+# one whose salt is 0, and its frames check exactly as before.
+FORMAT_VERSION: Final = 2
+FORMAT_VERSIONS_READ: Final = frozenset({1, 2})
 
 # Sector size the write path pads every group commit to, so that no write ever touches a
 # sector holding bytes an earlier fsync made durable (docs/fault-model.md).
 SECTOR: Final = 512
 
 # --- segment files -------------------------------------------------------------------
-# Header: magic(8) version(u32) header_size(u32) segment_number(u64) reserved(u32) crc(u32)
+# Header: magic(8) version(u32) header_size(u32) segment_number(u64) salt(u32) crc(u32)
 SEGMENT_MAGIC: Final = b"SPOOLLOG"
 SEGMENT_HEADER: Final = struct.Struct("<8sIIQII")
 SEGMENT_HEADER_SIZE: Final = SEGMENT_HEADER.size
@@ -26,7 +31,8 @@ assert SEGMENT_HEADER_SIZE == 32
 
 # --- frames ----------------------------------------------------------------------------
 # Frame header: crc32c(u32) payload_length(u32) type(u8); the CRC covers the length,
-# the type and the payload, so a torn or shifted frame never passes.
+# the type and the payload, so a torn or shifted frame never passes. It starts from the
+# segment's salt (framing.frame_crc), so a frame is valid only in its own segment.
 FRAME_HEADER: Final = struct.Struct("<IIB")
 FRAME_HEADER_SIZE: Final = FRAME_HEADER.size
 assert FRAME_HEADER_SIZE == 9
@@ -60,6 +66,7 @@ LOCK_NAME: Final = "lock"
 LOG_DIR: Final = "log"
 BODY_DIR: Final = "bodies"
 POSITIONS_NAME: Final = "positions"
+SETTINGS_NAME: Final = "settings"
 CORRUPT_DIR: Final = "corrupt"
 
 # --- body files (bodies too large to keep inline in the log) ---------------------------

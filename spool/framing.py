@@ -2,7 +2,10 @@
 
 ``encode_frame`` builds one frame; ``parse_frame`` looks at a buffer and says what is at an
 offset: a whole ``Frame``, ``NEED_DATA`` (the buffer ends inside the frame), or a
-``BadFrame`` (the bytes there cannot be a frame). Whether a ``BadFrame`` is a torn tail or
+``BadFrame`` (the bytes there cannot be a frame). Both take the ``salt`` of the segment the
+frame belongs to (from its header; 0 for a version 1 segment): the CRC starts from it, so
+bytes that were never written as a frame of this segment (message data that imitates a
+frame, a frame of another segment) fail the check. Whether a ``BadFrame`` is a torn tail or
 corruption is not decided here: only the reader knows where the durable end of the log is
 (see ``reader.py``). Because nothing here touches a file, tests feed frames one byte at a
 time and cut them at every offset.
@@ -45,27 +48,29 @@ _HEADER = fmt.FRAME_HEADER
 _HEADER_SIZE = fmt.FRAME_HEADER_SIZE
 
 
-def frame_crc(length_and_type: bytes, payload: bytes) -> int:
-    """The CRC-32C of a frame: over the length, the type byte and the payload."""
-    return crc32c(payload, crc32c(length_and_type))
+def frame_crc(length_and_type: bytes, payload: bytes, salt: int = 0) -> int:
+    """The CRC-32C of a frame: over the length, the type byte and the payload, starting
+    from ``salt`` (the running value of the ``crc32c`` package; 0 is plain CRC-32C)."""
+    return crc32c(payload, crc32c(length_and_type, salt))
 
 
-def encode_frame(ftype: int, payload: bytes) -> bytes:
-    """Encode one frame. The type must be a known type other than NONE."""
+def encode_frame(ftype: int, payload: bytes, salt: int = 0) -> bytes:
+    """Encode one frame for a segment salted with ``salt``. The type must be a known type
+    other than NONE, the payload at most ``FRAME_PAYLOAD_MAX`` (callers check first)."""
     assert ftype in fmt.FRAME_TYPES, ftype
     assert len(payload) <= fmt.FRAME_PAYLOAD_MAX, len(payload)
     length_and_type = _HEADER.pack(0, len(payload), ftype)[4:]
-    crc = frame_crc(length_and_type, payload)
+    crc = frame_crc(length_and_type, payload, salt)
     return crc.to_bytes(4, "little") + length_and_type + payload
 
 
-def pad_frame(size: int) -> bytes:
+def pad_frame(size: int, salt: int = 0) -> bytes:
     """A PAD frame of exactly ``size`` bytes (header included); size >= header size."""
     assert size >= _HEADER_SIZE, size
-    return encode_frame(fmt.T_PAD, bytes(size - _HEADER_SIZE))
+    return encode_frame(fmt.T_PAD, bytes(size - _HEADER_SIZE), salt)
 
 
-def padding_for(offset: int, sector: int = fmt.SECTOR) -> bytes:
+def padding_for(offset: int, salt: int = 0, sector: int = fmt.SECTOR) -> bytes:
     """The PAD frame that brings ``offset`` to the next sector boundary (b'' if aligned).
 
     A gap too small for a frame header is widened by one more sector.
@@ -75,11 +80,13 @@ def padding_for(offset: int, sector: int = fmt.SECTOR) -> bytes:
         return b""
     if gap < _HEADER_SIZE:
         gap += sector
-    return pad_frame(gap)
+    return pad_frame(gap, salt)
 
 
-def parse_frame(buf: bytes | bytearray | memoryview, offset: int) -> Frame | BadFrame | _NeedData:
-    """Parse the frame starting at ``offset`` of ``buf``.
+def parse_frame(
+    buf: bytes | bytearray | memoryview, offset: int, salt: int = 0
+) -> Frame | BadFrame | _NeedData:
+    """Parse the frame starting at ``offset`` of ``buf``, in a segment salted ``salt``.
 
     Returns ``NEED_DATA`` when ``buf`` ends before the frame does (also for a length field
     that is plausible but runs past the buffer), ``BadFrame`` when the bytes cannot be a
@@ -97,7 +104,7 @@ def parse_frame(buf: bytes | bytearray | memoryview, offset: int) -> Frame | Bad
     if len(buf) < end:
         return NEED_DATA
     payload = bytes(buf[end_of_header:end])
-    if frame_crc(bytes(buf[offset + 4 : end_of_header]), payload) != crc:
+    if frame_crc(bytes(buf[offset + 4 : end_of_header]), payload, salt) != crc:
         return BadFrame("checksum mismatch")
     return Frame(ftype, payload, end - offset)
 
@@ -124,12 +131,13 @@ class Scanner:
     """Turns a stream of bytes into frames; fed with ``feed``, pulled with ``next``.
 
     Does no I/O. After a ``BadFrame`` the scanner stays at the bad bytes: what to do next
-    is the caller's decision.
+    is the caller's decision. ``salt`` is the segment's (0 for version 1).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, salt: int = 0) -> None:
         self._buf = bytearray()
         self._pos = 0
+        self._salt = salt
 
     def feed(self, data: bytes) -> None:
         """Append bytes to the stream."""
@@ -140,7 +148,7 @@ class Scanner:
 
     def next(self) -> Frame | BadFrame | _NeedData:
         """The next frame, ``NEED_DATA``, or ``BadFrame`` (without consuming it)."""
-        result = parse_frame(self._buf, self._pos)
+        result = parse_frame(self._buf, self._pos, self._salt)
         if isinstance(result, Frame):
             self._pos += result.size
         return result

@@ -68,18 +68,23 @@ class OutcomeReader:
                 raise CorruptSpool(self._cursor.path(pos.segment), pos.offset, str(exc)) from None
             assert isinstance(record, rec.Finish)
             if record.msg_id in self._acked_ahead:
-                del self._acked_ahead[record.msg_id]
+                # Acknowledged before a restart: not handed out again. Keep the id, now with
+                # its position, until the front passes it: the next positions must still
+                # carry it while an earlier outcome holds the front back.
+                self._acked_ahead[record.msg_id] = pos
                 continue
             self._pending[record.msg_id] = pos
             return MessageOutcome(record.msg_id, record.at, record.reason, record.outcomes)
         return None
 
+    def waiting(self, msg_id: str) -> bool:
+        """Whether the outcome of ``msg_id`` was handed out and awaits its acknowledgement."""
+        return msg_id in self._pending
+
     def ack(self, msg_id: str) -> None:
-        """Record an acknowledgement (the caller writes the control record)."""
-        pos = self._pending.pop(msg_id, None)
-        if pos is None:
-            raise KeyError(f"no outcome of {msg_id} is waiting for an acknowledgement")
-        self._acked_ahead[msg_id] = pos
+        """Record an acknowledgement (the caller checked ``waiting`` and writes the control
+        record)."""
+        self._acked_ahead[msg_id] = self._pending.pop(msg_id)
 
     def front(self) -> Position:
         """Finish records before this position have all been acknowledged."""

@@ -1,7 +1,8 @@
 """Restart positions: where recovery and the queue runners start.
 
-A small text file, ``positions``: a JSON object on one line, then a line ``crc32c <hex>``
-over that JSON line. Text on purpose: an operator can read it with ``cat``.
+A small text file, ``positions``, in the one format of every metadata file
+(``metafile.py``): a JSON object on one line, then a line ``crc32c <hex>`` over that JSON
+line. Text on purpose: an operator can read it with ``cat``.
 
 The file is only a hint about what is consistent. Stale positions make recovery scan
 more; a missing or damaged file makes it scan from the oldest segment. It is never an
@@ -10,9 +11,10 @@ error to lose it.
 Crash safety:
     (P1) Written only after an fdatasync covering everything up to ``consistent``: every
          position it names is inside the durable log.
-    (P2) Replaced atomically: write ``positions.tmp``, fdatasync it, rename it over
-         ``positions``, fsync the directory. A crash before the rename leaves the old
-         file (and a stray temp file, overwritten next time); after it, the new one.
+    (P2) Replaced atomically (``metafile.replace_metafile``): write ``positions.tmp``,
+         fdatasync it, rename it over ``positions``, fsync the directory. A crash before
+         the rename leaves the old file (and a stray temp file, overwritten next time);
+         after it, the new one.
     (P3) A segment the positions retire is deleted only after the directory fsync of P2.
 
 Errors:
@@ -21,16 +23,14 @@ Errors:
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import attrs
-from crc32c import crc32c
 
 from spool import format as fmt
 from spool.fs import FileSystem
-from spool.records import Position
+from spool.metafile import decode_metafile, encode_metafile, read_metafile, replace_metafile
+from spool.records import Position, RecordError
 
 POSITIONS_VERSION = 1
 
@@ -61,8 +61,8 @@ class RestartPositions:
     outcome_acked: frozenset[str] = frozenset()
     retry_intervals: tuple[float, ...] = ()
 
-    def to_json(self) -> str:
-        obj: dict[str, Any] = {
+    def to_obj(self) -> dict[str, Any]:
+        return {
             "version": POSITIONS_VERSION,
             "consistent": self.consistent.to_list(),
             "working_start": self.working_start.to_list(),
@@ -75,11 +75,9 @@ class RestartPositions:
             "retry_intervals": list(self.retry_intervals),
             "written_at": self.written_at,
         }
-        return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> RestartPositions:
-        obj = json.loads(text)
+    def from_obj(cls, obj: dict[str, Any]) -> RestartPositions:
         if obj.get("version") != POSITIONS_VERSION:
             raise ValueError(f"positions version {obj.get('version')!r}")
         return cls(
@@ -97,54 +95,31 @@ class RestartPositions:
 
 
 def encode_positions(positions: RestartPositions) -> bytes:
-    line = positions.to_json()
-    return f"{line}\ncrc32c {crc32c(line.encode()):08x}\n".encode()
+    return encode_metafile(positions.to_obj())
 
 
 def decode_positions(raw: bytes) -> RestartPositions | None:
     """Parse a positions file; None if it is damaged in any way."""
+    obj = decode_metafile(raw)
+    if obj is None:
+        return None
     try:
-        text = raw.decode("ascii")
-        line, crc_line, rest = text.split("\n", 2)
-        if rest or not crc_line.startswith("crc32c "):
-            return None
-        if int(crc_line[7:], 16) != crc32c(line.encode()):
-            return None
-        return RestartPositions.from_json(line)
-    except (ValueError, KeyError, TypeError, AttributeError):
+        return RestartPositions.from_obj(obj)
+    except (ValueError, KeyError, TypeError, AttributeError, RecordError):
         return None
 
 
 def load_positions(fs: FileSystem, root: str) -> RestartPositions | None:
     """Read ``<root>/positions``; None when missing or damaged (recovery then scans all)."""
-    path = os.path.join(root, fmt.POSITIONS_NAME)
-    try:
-        fd = fs.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        raw = fs.pread(fd, 1 << 24, 0)
-    finally:
-        fs.close(fd)
-    return decode_positions(raw)
+    raw = read_metafile(fs, root, fmt.POSITIONS_NAME)
+    return None if raw is None else decode_positions(raw)
 
 
 def store_positions(fs: FileSystem, root: str, positions: RestartPositions) -> None:
     """Atomically replace ``<root>/positions`` (P2). The caller has done P1."""
-    path = os.path.join(root, fmt.POSITIONS_NAME)
-    tmp = path + ".tmp"
-    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        # A crash here leaves a partial temp file; the real file is untouched.
-        fs.pwrite(fd, encode_positions(positions), 0)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
-    # Atomic same-directory rename: either the old or the new file is seen after a crash.
-    fs.rename(tmp, path)
-    # Until this returns the rename may be undone by a crash: only the old positions
-    # remain, which are stale but consistent (P1), so recovery merely scans more.
-    fs.fsync_dir(root)
+    # A crash before the directory fsync inside may undo the rename: only the old
+    # positions remain, which are stale but consistent (P1), so recovery merely scans more.
+    replace_metafile(fs, root, fmt.POSITIONS_NAME, positions.to_obj())
 
 
 def unretired(segments: list[int], positions: RestartPositions | None) -> list[int]:

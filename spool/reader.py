@@ -46,16 +46,43 @@ def check_segment_header(data: bytes, number: int, path: str) -> str | None:
     """None if ``data`` starts with a valid header for segment ``number``, else why not."""
     if len(data) < fmt.SEGMENT_HEADER_SIZE:
         return f"header truncated ({len(data)} bytes)"
-    magic, version, size, seg, _reserved, crc = fmt.SEGMENT_HEADER.unpack_from(data)
+    magic, version, size, seg, _salt, crc = fmt.SEGMENT_HEADER.unpack_from(data)
     if crc32c(data[: fmt.SEGMENT_HEADER_SIZE - 4]) != crc:
         return "header checksum mismatch"
     if magic != fmt.SEGMENT_MAGIC:
         return "not a spool segment (bad magic)"
-    if version != fmt.FORMAT_VERSION:
-        return f"format version {version}, this spool reads {fmt.FORMAT_VERSION}"
+    if version not in fmt.FORMAT_VERSIONS_READ:
+        readable = ", ".join(map(str, sorted(fmt.FORMAT_VERSIONS_READ)))
+        return f"format version {version}, this spool reads versions {readable}"
     if size != fmt.SEGMENT_HEADER_SIZE or seg != number:
         return f"header names segment {seg}, file name says {number}"
     return None
+
+
+def segment_salt(header: bytes) -> int:
+    """The salt of a segment's frames, from its (checked) header: 0 for version 1."""
+    _magic, version, _size, _seg, salt, _crc = fmt.SEGMENT_HEADER.unpack_from(header)
+    return 0 if version == 1 else int(salt)
+
+
+def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:
+    """Whether bad bytes at ``offset`` of a segment look like an interrupted last write.
+
+    ``data`` holds the segment from ``first`` (the sector boundary at or before
+    ``offset``) to its end. Under the fault model a torn write leaves whole sectors
+    unwritten (zeros in a freshly appended file). Batches start at sector boundaries, so
+    damage is a tear unless a valid frame starts at a later sector boundary with no
+    all-zero sector between the damage and it (etcd's ``isTornEntry`` reasons the same
+    way). Frames are salted, so message data cannot pose as that later frame.
+    """
+    sector = fmt.SECTOR
+    zero = bytes(sector)
+    for rel in range(0, len(data), sector):
+        if rel > offset - first and isinstance(parse_frame(data, rel, salt), Frame):
+            return False
+        if data[rel : rel + sector] == zero[: len(data) - rel]:
+            return True
+    return True
 
 
 @attrs.frozen
@@ -108,6 +135,7 @@ class LogCursor:
         self._chunk = chunk_size
         self._fd: int | None = None
         self._fd_segment = 0
+        self._salt = 0
         self._buf = b""
         self._buf_offset = 0
         self._size = -1
@@ -139,6 +167,7 @@ class LogCursor:
         problem = check_segment_header(header, segment, path)
         if problem is not None:
             self._bad(Position(segment, 0), problem, self._fs.size(fd))
+        self._salt = segment_salt(header)
         if self.position.offset < fmt.SEGMENT_HEADER_SIZE:
             self.position = Position(segment, fmt.SEGMENT_HEADER_SIZE)
         return True
@@ -162,24 +191,11 @@ class LogCursor:
         raise CorruptSpool(self.path(at.segment), at.offset, reason)
 
     def _looks_torn(self, offset: int, file_size: int) -> bool:
-        """Whether bad bytes at ``offset`` look like an interrupted last write.
-
-        Under the fault model a torn write leaves whole sectors unwritten (zeros in a
-        freshly appended file). Batches start at sector boundaries, so damage is a tear
-        unless a valid frame starts at a later sector boundary with no all-zero sector
-        between the damage and it (etcd's ``isTornEntry`` reasons the same way).
-        """
+        """``looks_torn`` for the open segment (``offset`` inside it)."""
         assert self._fd is not None
-        sector = fmt.SECTOR
-        first = offset - offset % sector
+        first = offset - offset % fmt.SECTOR
         data = self._fs.pread(self._fd, file_size - first, first)
-        zero = bytes(sector)
-        for rel in range(0, len(data), sector):
-            if rel > offset - first and isinstance(parse_frame(data, rel), Frame):
-                return False
-            if data[rel : rel + sector] == zero[: len(data) - rel]:
-                return True
-        return True
+        return looks_torn(data, first, offset, self._salt)
 
     def _fill(self, offset: int, need: int) -> None:
         assert self._fd is not None
@@ -237,7 +253,7 @@ class LogCursor:
                         self._bad(pos, "truncated body frame", end_in_file)
                     self.position = Position(pos.segment, pos.offset + head[1])
                     return pos, SkippedBody(head[1])
-            result = parse_frame(self._buf, rel)
+            result = parse_frame(self._buf, rel, self._salt)
             if result is NEED_DATA:
                 available = end_in_file - pos.offset
                 head = peek_header(self._buf, rel)
@@ -245,7 +261,7 @@ class LogCursor:
                 if need > available:
                     self._bad(pos, f"truncated frame ({available} of {need} bytes)", end_in_file)
                 self._fill(pos.offset, need)
-                result = parse_frame(self._buf, 0)
+                result = parse_frame(self._buf, 0, self._salt)
             if isinstance(result, BadFrame):
                 self._bad(pos, result.reason, end_in_file)
             assert isinstance(result, Frame)
@@ -271,6 +287,10 @@ def read_frame_at(fs: FileSystem, log_dir: str, at: Position) -> Frame:
     except FileNotFoundError:
         raise CorruptSpool(path, at.offset, "segment file is missing") from None
     try:
+        header = fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
+        problem = check_segment_header(header, at.segment, path)
+        if problem is not None:
+            raise CorruptSpool(path, 0, problem)
         head = fs.pread(fd, fmt.FRAME_HEADER_SIZE, at.offset)
         peek = peek_header(head, 0)
         if not isinstance(peek, tuple):
@@ -278,7 +298,7 @@ def read_frame_at(fs: FileSystem, log_dir: str, at: Position) -> Frame:
         data = fs.pread(fd, peek[1], at.offset)
     finally:
         fs.close(fd)
-    result = parse_frame(data, 0)
+    result = parse_frame(data, 0, segment_salt(header))
     if not isinstance(result, Frame):
         reason = result.reason if isinstance(result, BadFrame) else "truncated frame"
         raise CorruptSpool(path, at.offset, reason)

@@ -171,15 +171,26 @@ class Finish:
 class Control:
     """An operator or bookkeeping action that is not itself an envelope change.
 
-    ``action`` is one of ``CONTROL_ACTIONS``; ``target`` its subject (a message id).
+    ``action`` is one of ``CONTROL_ACTIONS``; ``target`` its subject (a message id, or ""
+    for a ``damaged`` marker that names no message). A ``damaged`` marker is written by
+    ``spool check --repair`` in place of damaged bytes (``damage.py``): its frame covers
+    exactly those bytes; ``body`` is how many of them were ``target``'s BODY frame (0 if
+    none), ``lost`` the kind of the one record the bytes held when that is known
+    (``envelope``, ``start``, ...; ``target`` is then its message), and ``copy`` names the
+    copy of the damaged segment in ``corrupt/``.
     """
 
     action: str
     target: str
     at: float
+    body: int = 0
+    copy: str = ""
+    lost: str = ""
 
 
-CONTROL_ACTIONS: Final = frozenset({"outcome-ack"})
+OUTCOME_ACK: Final = "outcome-ack"
+DAMAGED: Final = "damaged"
+CONTROL_ACTIONS: Final = frozenset({OUTCOME_ACK, DAMAGED})
 
 Record = Envelope | Start | Delta | Finish | Control
 
@@ -243,7 +254,19 @@ def encode(record: Record) -> tuple[int, bytes]:
         }
         return fmt.T_FINISH, cbor2.dumps(obj)
     assert isinstance(record, Control), record
-    return fmt.T_CONTROL, cbor2.dumps({"act": record.action, "tgt": record.target, "ts": record.at})
+    return fmt.T_CONTROL, cbor2.dumps(control_map(record))
+
+
+def control_map(record: Control) -> dict[str, Any]:
+    """The CBOR map of a control record (``damage.py`` adds a ``pad`` key to size it)."""
+    obj: dict[str, Any] = {"act": record.action, "tgt": record.target, "ts": record.at}
+    if record.body:
+        obj["body"] = record.body
+    if record.copy:
+        obj["copy"] = record.copy
+    if record.lost:
+        obj["lost"] = record.lost
+    return obj
 
 
 def _map(payload: bytes) -> dict[str, Any]:
@@ -328,7 +351,14 @@ def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
         action = _str(obj["act"])
         if action not in CONTROL_ACTIONS:
             raise RecordError(f"unknown control action {action!r}")
-        return Control(action, _str(obj["tgt"]), _num(obj["ts"]))
+        return Control(
+            action,
+            _str(obj["tgt"]),
+            _num(obj["ts"]),
+            body=_int(obj.get("body", 0)),
+            copy=_str(obj.get("copy", "")),
+            lost=_str(obj.get("lost", "")),
+        )
     raise RecordError(f"frame type {ftype} carries no record")
 
 

@@ -41,6 +41,7 @@ from spool import records as rec
 from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem
+from spool.options import SpoolOptions
 from spool.positions import RestartPositions, load_positions, unretired
 from spool.reader import LogCursor, SkippedBody, TornTail, list_segments, read_frame_at
 from spool.records import Position
@@ -51,42 +52,58 @@ class Decision(enum.Enum):
     REPLACE = "replace"  # write a replacement envelope with the remaining recipients
     FINISH = "finish"  # write a finish record: no recipient remains
     HOLD = "hold"  # write a held replacement envelope: crash-loop breaker
+    FINISH_LOST = "finish, envelope lost"  # write a finish with the outcomes that survived
+
+
+ANY = None  # a fact the row does not depend on
 
 
 @attrs.frozen
 class Case:
     label: str
-    settled: bool
-    remaining: bool
-    crash_loop: bool
+    settled: bool | None
+    envelope_lost: bool | None
+    remaining: bool | None
+    crash_loop: bool | None
     decision: Decision
     cause: str
 
+    def matches(self, facts: tuple[bool, bool, bool, bool]) -> bool:
+        mine = (self.settled, self.envelope_lost, self.remaining, self.crash_loop)
+        return all(want is ANY or want == have for want, have in zip(mine, facts, strict=True))
+
 
 # Every combination of facts about a message whose start record is in the scanned suffix.
-# (settled: a replacement or finish follows the start; remaining: recipients left after the
-# deltas; crash_loop: this crash brings the message's crash count to the limit.)
+# (settled: a replacement or finish follows the start; envelope_lost: the envelope the
+# start names lies in bytes a repair set aside as damaged (a "damaged" marker); remaining:
+# recipients left after the deltas; crash_loop: this crash brings the message's crash
+# count to the limit.)
 DECISIONS: tuple[Case, ...] = (
-    Case("R1a", True, True, True, Decision.SETTLED, "crash after the attempt closed"),
-    Case("R1b", True, True, False, Decision.SETTLED, "crash after the attempt closed"),
-    Case("R1c", True, False, True, Decision.SETTLED, "crash after the finish record"),
-    Case("R1d", True, False, False, Decision.SETTLED, "crash after the finish record"),
-    Case("R2", False, True, False, Decision.REPLACE, "crash during a delivery attempt"),
-    Case("R3", False, True, True, Decision.HOLD, "the message was in flight at K crashes"),
-    Case("R4a", False, False, False, Decision.FINISH, "crash after the last delta"),
-    Case("R4b", False, False, True, Decision.FINISH, "crash after the last delta"),
+    Case("R1", True, ANY, ANY, ANY, Decision.SETTLED, "crash after the attempt closed"),
+    Case("R2", False, False, True, False, Decision.REPLACE, "crash during a delivery attempt"),
+    Case("R3", False, False, True, True, Decision.HOLD, "in flight at K crashes"),
+    Case("R4", False, False, False, ANY, Decision.FINISH, "crash after the last delta"),
+    Case(
+        "R5",
+        False,
+        True,
+        ANY,
+        ANY,
+        Decision.FINISH_LOST,
+        "media damage took the envelope; spool check --repair set it aside",
+    ),
 )
 
 
-def decide(settled: bool, remaining: bool, crash_loop: bool) -> Case:
+def decide(settled: bool, envelope_lost: bool, remaining: bool, crash_loop: bool) -> Case:
     """Look up the decision-table row for these facts (exactly one matches)."""
-    rows = [
-        c
-        for c in DECISIONS
-        if (c.settled, c.remaining, c.crash_loop) == (settled, remaining, crash_loop)
-    ]
-    assert len(rows) == 1, (settled, remaining, crash_loop, rows)
+    facts = (settled, envelope_lost, remaining, crash_loop)
+    rows = [c for c in DECISIONS if c.matches(facts)]
+    assert len(rows) == 1, (facts, rows)
     return rows[0]
+
+
+ENVELOPE_LOST_REASON = "envelope lost to disk damage"
 
 
 @attrs.frozen
@@ -155,14 +172,18 @@ def recover(
     fs: FileSystem,
     root: str,
     *,
-    n_classes: int,
-    crash_limit: int,
+    options: SpoolOptions,
     clock: Callable[[], float],
-    class_for_attempts: Callable[[int], int],
     dry_run: bool = False,
 ) -> RecoveredState:
-    """Scan what must be scanned and decide every message that was in flight."""
+    """Scan what must be scanned and decide every message that was in flight.
+
+    ``options`` gives the retry classes and the crash-loop limit. With ``dry_run`` nothing
+    is written: the decisions are computed and reported (``spool recover --dry-run``,
+    ``spool check``).
+    """
     started = time.monotonic()
+    n_classes = options.last_class + 1
     log_dir = os.path.join(root, fmt.LOG_DIR)
     segments = list_segments(fs, log_dir)
     if not segments:
@@ -190,12 +211,13 @@ def recover(
     # A message's first envelope and its BODY frame are appended as one piece; the
     # envelope counts only once its body has been read (see _unpaired_envelope).
     awaiting: tuple[Position, rec.Envelope, int] | None = None
+    damaged: list[tuple[Position, int]] = []  # "damaged" markers a repair left: (at, size)
     try:
         for pos, frame in cursor:
             records += 1
             if awaiting is not None:
                 env_at, env, env_size = awaiting
-                if not _is_body_after(frame, pos, env_at, env_size):
+                if not _is_body_after(frame, pos, env_at, env, env_size):
                     raise CorruptSpool(
                         cursor.path(env_at.segment), env_at.offset, "envelope without its body"
                     )
@@ -214,8 +236,10 @@ def recover(
                 continue
             after = pos >= consistent
             _apply(record, pos, frame.size, after, working, superseded, body_refs)
-            if isinstance(record, rec.Control) and record.action == "outcome-ack":
+            if isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
                 acked.add(record.target)
+            elif isinstance(record, rec.Control) and record.action == rec.DAMAGED:
+                damaged.append((pos, frame.size))
             elif isinstance(record, rec.Finish) and after and record.body.kind == rec.BODY_FILE:
                 dead_bodies.append(record.msg_id)
     finally:
@@ -223,15 +247,15 @@ def recover(
     torn = _unpaired_envelope(cursor, awaiting, consistent, segments[-1])
     if torn is not None and not dry_run:
         _cut_torn_tail(fs, root, log_dir, torn.at)
+    if not dry_run:
+        _make_durable(fs, log_dir, [s for s in segments if s >= start.segment])
     # Pins of segments already deleted (a full scan replays finishes of messages whose
     # bodies went with them) mean nothing: keep only live segments with live bodies.
     body_refs = {seg: n for seg, n in body_refs.items() if seg >= segments[0] and n > 0}
     cursors = list(positions.cursors) if positions else [Position(segments[0], 0)] * n_classes
     low = min(cursors)
     superseded = {p for p in superseded if p >= low}
-    to_write, held = _decide_all(
-        fs, log_dir, working, superseded, crash_limit, clock(), class_for_attempts
-    )
+    to_write, held = _decide_all(fs, log_dir, working, damaged, options, clock())
     live = [w.start_at for w in working.values() if not w.settled]
     report = RecoveryReport(
         positions_used=positions is not None,
@@ -268,6 +292,31 @@ def recover(
     )
 
 
+def _make_durable(fs: FileSystem, log_dir: str, scanned: list[int]) -> None:
+    """(R0) Make durable everything the scan read, before anything built on it is written.
+
+    After a process crash (``kill -9``) the dead owner's last batches may still be only in
+    the page cache: the scan reads them and decides on them (a replacement settles a
+    message, a start supersedes an envelope), and the restart positions written next say
+    the log is consistent up to a point past them. A power cut would then take those
+    records back while the decisions built on them stay: a superseded envelope whose
+    replacement no longer exists is mail lost. So every scanned segment is fdatasynced
+    (a clean one costs little) and the log directory fsynced (the newest segment's entry
+    may not be durable yet), restoring W3 before the writer creates a new segment.
+    """
+    for seg in scanned:
+        path = os.path.join(log_dir, fmt.segment_name(seg))
+        try:
+            fd = fs.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # the torn newest segment that recovery removed
+        try:
+            fs.fdatasync(fd)
+        finally:
+            fs.close(fd)
+    fs.fsync_dir(log_dir)
+
+
 def _has_inline_body_next(record: rec.Record) -> bool:
     """Whether ``record`` is a first envelope, whose BODY frame follows it directly."""
     return (
@@ -278,10 +327,35 @@ def _has_inline_body_next(record: rec.Record) -> bool:
 
 
 def _is_body_after(
-    frame: Frame | SkippedBody, pos: Position, env_at: Position, env_size: int
+    frame: Frame | SkippedBody,
+    pos: Position,
+    env_at: Position,
+    env: rec.Envelope,
+    env_size: int,
 ) -> bool:
-    is_body = isinstance(frame, SkippedBody) or frame.type == fmt.T_BODY
-    return is_body and pos == Position(env_at.segment, env_at.offset + env_size)
+    """Whether ``frame`` at ``pos`` is the body of the first envelope ``env`` before it:
+    its BODY frame, or the ``damaged`` marker a repair wrote in place of that frame."""
+    if pos != Position(env_at.segment, env_at.offset + env_size):
+        return False
+    if isinstance(frame, SkippedBody) or frame.type == fmt.T_BODY:
+        return True
+    return is_damaged_body(frame, env.msg_id)
+
+
+def is_damaged_body(frame: Frame, msg_id: str) -> bool:
+    """Whether ``frame`` is the marker ``spool check --repair`` left for ``msg_id``'s body."""
+    if frame.type != fmt.T_CONTROL:
+        return False
+    try:
+        record = rec.decode(frame.type, frame.payload)
+    except rec.RecordError:
+        return False
+    return (
+        isinstance(record, rec.Control)
+        and record.action == rec.DAMAGED
+        and record.target == msg_id
+        and record.body > 0
+    )
 
 
 def _unpaired_envelope(
@@ -352,18 +426,27 @@ def _decide_all(
     fs: FileSystem,
     log_dir: str,
     working: dict[str, _Working],
-    superseded: set[Position],
-    crash_limit: int,
+    damaged: list[tuple[Position, int]],
+    options: SpoolOptions,
     now: float,
-    class_for_attempts: Callable[[int], int],
 ) -> tuple[list[rec.Record], int]:
     """Records that settle every message left in flight, in start-record order, and how
     many of them the crash-loop breaker held."""
-    last_class = class_for_attempts(1 << 30)
     out: list[rec.Record] = []
     held = 0
     for msg_id, w in sorted(working.items(), key=lambda kv: kv[1].start_at):
         if w.settled:
+            continue
+        if _in_damaged(w.envelope_at, damaged):
+            # R5: the envelope is gone (media damage, set aside by a repair that named this
+            # message). Its recipients are unknown but for those the deltas settled: finish
+            # it with those, so that it is never attempted from a guess.
+            assert decide(False, True, False, False).decision is Decision.FINISH_LOST
+            outcomes = tuple(
+                rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items()
+            )
+            lost = rec.BodyRef(rec.BODY_FILE, 0)  # where the body was died with the envelope
+            out.append(rec.Finish(msg_id, now, lost, outcomes, ENVELOPE_LOST_REASON))
             continue
         frame = read_frame_at(fs, log_dir, w.envelope_at)
         try:
@@ -379,7 +462,7 @@ def _decide_all(
         )
         remaining = tuple(r for r in env.recipients if r not in w.delivered)
         crashes = env.crashes + 1
-        case = decide(False, bool(remaining), crashes >= crash_limit)
+        case = decide(False, False, bool(remaining), crashes >= options.crash_limit)
         if case.decision is Decision.FINISH:
             out.append(rec.Finish(msg_id, now, body, outcomes, "all recipients settled"))
             continue
@@ -393,7 +476,7 @@ def _decide_all(
                 written_at=now,
                 body=body,
                 attempts=env.attempts + 1,
-                klass=last_class if hold else class_for_attempts(env.attempts + 1),
+                klass=options.last_class if hold else options.class_for_attempts(env.attempts + 1),
                 held=f"crash loop: in flight at {crashes} crashes" if hold else env.held,
                 crashes=crashes,
                 supersedes=w.envelope_at,
@@ -403,6 +486,13 @@ def _decide_all(
         )
         held += hold
     return out, held
+
+
+def _in_damaged(at: Position, damaged: list[tuple[Position, int]]) -> bool:
+    return any(
+        at.segment == pos.segment and pos.offset <= at.offset < pos.offset + size
+        for pos, size in damaged
+    )
 
 
 def resolve_body(env: rec.Envelope, envelope_at: Position, envelope_size: int) -> rec.BodyRef:

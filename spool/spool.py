@@ -30,6 +30,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextlib
+import enum
 import errno
 import itertools
 import os
@@ -38,26 +39,37 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
 from spool import format as fmt
 from spool import records as rec
 from spool.addresses import check_mailbox, check_sender, mailbox_key
+from spool.arguments import check_msg_id, check_text
 from spool.bodies import read_body, read_inline_body, write_body_file
 from spool.errors import (
     BadSpoolDirectory,
+    CorruptSpool,
     DiskFull,
     InvalidMessage,
     MessageTooLarge,
     SpoolClosed,
     SpoolError,
     SpoolFailed,
+    SpoolMisuse,
+    UnknownMessage,
 )
-from spool.framing import encode_frame
 from spool.fs import FileSystem
 from spool.lock import OwnerLock
+from spool.options import (
+    RECORDED,
+    Recorded,
+    SpoolOptions,
+    load_settings,
+    resolve_options,
+    store_settings,
+)
 from spool.outcomes import MessageOutcome, OutcomeReader
 from spool.positions import RestartPositions, store_positions
 from spool.queue_view import QueueEntry, history, live_messages
@@ -65,31 +77,22 @@ from spool.reader import list_segments, read_frame_at
 from spool.records import Position
 from spool.recovery import RecoveredState, RecoveryReport, recover, resolve_body
 from spool.runners import NotDue, Runner
-from spool.writer import LogWriter
-
-MINUTE: Final = 60.0
-HOUR: Final = 3600.0
-DAY: Final = 86400.0
-
-# Retry classes after the first attempt: 5 min, 15 min, 30 min, 1 h, 2 h, then every 4 h
-# until max_lifetime. Close to Postfix (300 s doubling to 4000 s) and Exim's default
-# (15 min for 2 h, then growing to 6 h). docs/design.md, "Retry classes".
-DEFAULT_RETRY_INTERVALS: Final = (5 * MINUTE, 15 * MINUTE, 30 * MINUTE, HOUR, 2 * HOUR, 4 * HOUR)
-DEFAULT_MAX_LIFETIME: Final = 5 * DAY
-DEFAULT_SEGMENT_SIZE: Final = 64 * 1024 * 1024
-DEFAULT_INLINE_BODY_MAX: Final = 1024 * 1024
-DEFAULT_MAX_MESSAGE_SIZE: Final = 50 * 1024 * 1024
-DEFAULT_MAX_RECIPIENTS: Final = 1000
+from spool.writer import LogWriter, Part
 
 UNREPORTED_REPLY: Final = "451 4.4.0 delivery attempt ended without a result"
 EXPIRED_REPLY: Final = "554 5.4.7 message expired: too long in the queue"
 DELETED_REPLY: Final = "554 5.0.0 message deleted by the operator"
+HELD_REASON: Final = "held by the operator"
 LOCATE_RETRIES: Final = 20
-# A BODY frame holds the message id and the data: the largest body that fits one frame.
-INLINE_BODY_LIMIT: Final = fmt.FRAME_PAYLOAD_MAX - fmt.MSG_ID_LENGTH
-# SMTP reply lines are at most 512 octets (RFC 5321); 4 KiB keeps a multi-line reply and
-# bounds a finish record of max_recipients outcomes well inside one frame.
-REPLY_MAX: Final = 4096
+
+
+class OperatorAction(enum.Enum):
+    """What an operator can do to a queued message (``hold``, ``release``, ...)."""
+
+    HOLD = "hold"
+    RELEASE = "release"
+    DELETE = "delete"
+    RETRY = "retry"
 
 
 @attrs.frozen
@@ -166,6 +169,7 @@ class Attempt:
 
     def read_data(self) -> bytes:
         """The message body (header and data as accepted)."""
+        self._spool._check_process()
         self._spool._check_attempt(self._state)
         return read_body(self._spool._fs, self._spool.path, self.msg_id, self._state.body)
 
@@ -183,6 +187,7 @@ class Attempt:
 
     def close(self) -> None:
         """End the attempt (idempotent). Called by ``with``; see the class docstring."""
+        self._spool._check_process()
         self._spool._close_attempt(self._state)
 
     def __enter__(self) -> Attempt:
@@ -210,109 +215,101 @@ class Spool:
         cls,
         path: str | os.PathLike[str],
         *,
-        segment_size: int = DEFAULT_SEGMENT_SIZE,
-        retry_intervals: Iterable[float] = DEFAULT_RETRY_INTERVALS,
-        max_lifetime: float = DEFAULT_MAX_LIFETIME,
-        clock: Callable[[], float] = time.time,
+        retry_intervals: Iterable[float] | Recorded = RECORDED,
+        max_lifetime: float | Recorded = RECORDED,
+        crash_limit: int | Recorded = RECORDED,
+        outcomes: bool | Recorded = RECORDED,
+        archive_dir: str | os.PathLike[str] | Recorded | None = RECORDED,
+        segment_size: int | Recorded = RECORDED,
+        inline_body_max: int | Recorded = RECORDED,
+        max_message_size: int | Recorded = RECORDED,
+        max_recipients: int | Recorded = RECORDED,
+        min_free_bytes: int | Recorded = RECORDED,
         max_in_flight: int = 10_000,
-        max_recipients: int = DEFAULT_MAX_RECIPIENTS,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        inline_body_max: int = DEFAULT_INLINE_BODY_MAX,
-        min_free_bytes: int = 0,
         sync_every: int = 1000,
         sync_interval: float = 1.0,
         checkpoint_interval: float = 30.0,
-        crash_limit: int = 3,
         checkpoint_every: int = 100_000,
-        outcomes: bool = False,
-        archive_dir: str | os.PathLike[str] | None = None,
+        clock: Callable[[], float] = time.time,
         fs: FileSystem | None = None,
     ) -> Spool:
         """Open (creating or recovering) the spool at ``path``. docs/api.md lists options.
 
-        Sizes are in bytes, times in seconds. ``clock`` gives the time used for retry
+        Sizes are in bytes, times in seconds. The spool's settings (the first group) default
+        to the values the spool recorded, so every opener behaves as the owner does; naming
+        one changes it for good (``options.py``). ``clock`` gives the time used for retry
         scheduling and timestamps; tests inject one. ``fs`` is the file-system seam.
+        Raises ``SpoolMisuse`` for an invalid option before touching the directory.
         """
+        given: dict[str, Any] = {
+            "retry_intervals": retry_intervals,
+            "max_lifetime": max_lifetime,
+            "crash_limit": crash_limit,
+            "outcomes": outcomes,
+            "archive_dir": archive_dir,
+            "segment_size": segment_size,
+            "inline_body_max": inline_body_max,
+            "max_message_size": max_message_size,
+            "max_recipients": max_recipients,
+            "min_free_bytes": min_free_bytes,
+            "max_in_flight": max_in_flight,
+            "sync_every": sync_every,
+            "sync_interval": sync_interval,
+            "checkpoint_interval": checkpoint_interval,
+            "checkpoint_every": checkpoint_every,
+        }
+        resolve_options({}, given)  # every value checked before the directory is touched
+        if not callable(clock):
+            raise SpoolMisuse(f"clock must be a callable returning seconds, not {clock!r}")
         self = object.__new__(cls)
-        self._init(
-            os.fspath(path),
-            fs or FileSystem(),
-            segment_size=segment_size,
-            retry_intervals=tuple(float(i) for i in retry_intervals),
-            max_lifetime=float(max_lifetime),
-            clock=clock,
-            max_in_flight=max_in_flight,
-            max_recipients=max_recipients,
-            max_message_size=max_message_size,
-            inline_body_max=inline_body_max,
-            min_free_bytes=min_free_bytes,
-            sync_every=sync_every,
-            sync_interval=sync_interval,
-            checkpoint_interval=checkpoint_interval,
-            crash_limit=crash_limit,
-            checkpoint_every=checkpoint_every,
-            outcomes=outcomes,
-            archive_dir=None if archive_dir is None else os.fspath(archive_dir),
-        )
+        self._init(os.fspath(path), fs or FileSystem(), given, clock)
         return self
 
     # --- opening -----------------------------------------------------------------------
 
     def _init(
-        self,
-        path: str,
-        fs: FileSystem,
-        *,
-        segment_size: int,
-        retry_intervals: tuple[float, ...],
-        max_lifetime: float,
-        clock: Callable[[], float],
-        max_in_flight: int,
-        max_recipients: int,
-        max_message_size: int,
-        inline_body_max: int,
-        min_free_bytes: int,
-        sync_every: int,
-        sync_interval: float,
-        checkpoint_interval: float,
-        crash_limit: int,
-        checkpoint_every: int,
-        outcomes: bool,
-        archive_dir: str | None,
+        self, path: str, fs: FileSystem, given: dict[str, Any], clock: Callable[[], float]
     ) -> None:
-        if not retry_intervals or any(i <= 0 for i in retry_intervals):
-            raise ValueError("retry_intervals must be a non-empty list of positive seconds")
-        if max_in_flight < 1 or crash_limit < 1 or max_recipients < 1:
-            raise ValueError("max_in_flight, crash_limit and max_recipients must be >= 1")
-        if not 0 <= inline_body_max <= INLINE_BODY_LIMIT:
-            raise ValueError(
-                f"inline_body_max must be between 0 and {INLINE_BODY_LIMIT} bytes (one frame)"
-            )
         self.path = path
         self._fs = fs
         self._clock = clock
-        self.retry_intervals = retry_intervals
-        self._last_class = len(retry_intervals)
-        self._longest_interval = max(retry_intervals)
-        self.max_lifetime = max_lifetime
-        self._max_in_flight = max_in_flight
-        self._max_recipients = max_recipients
-        self._max_message_size = max_message_size
-        self._inline_body_max = inline_body_max
-        self._min_free_bytes = min_free_bytes
-        self._checkpoint_interval = checkpoint_interval
-        self._checkpoint_every = checkpoint_every
-        self._track_outcomes = outcomes
-        self._archive_dir = archive_dir
+        self._pid = os.getpid()
         self._log_dir = os.path.join(path, fmt.LOG_DIR)
         self._body_dir = os.path.join(path, fmt.BODY_DIR)
         self._prepare_directory()
         self._owner = OwnerLock(fs, os.path.join(path, fmt.LOCK_NAME), path)
         try:
-            self._recover_and_start(segment_size, sync_every, sync_interval, crash_limit)
+            self.options = self._settle_options(given)
+            if self.options.archive_dir is not None:
+                self._prepare_archive(self.options.archive_dir)
+            self._recover_and_start()
         except BaseException:
             self._owner.release()
             raise
+
+    def _settle_options(self, given: dict[str, Any]) -> SpoolOptions:
+        """The options of this open, with the settings recorded if they changed (lock held)."""
+        recorded = load_settings(self._fs, self.path)
+        options = resolve_options(recorded, given)
+        has_file = os.path.exists(os.path.join(self.path, fmt.SETTINGS_NAME))
+        if not has_file or resolve_options(recorded, {}).settings() != options.settings():
+            try:
+                store_settings(self._fs, self.path, options)
+            except OSError as exc:
+                raise SpoolFailed(
+                    f"recording the settings of {self.path} failed: {exc.strerror or exc}",
+                    exc.errno,
+                ) from exc
+        return options
+
+    @property
+    def retry_intervals(self) -> tuple[float, ...]:
+        """The retry classes' intervals after the first attempt (``options``)."""
+        return self.options.retry_intervals
+
+    @property
+    def max_lifetime(self) -> float:
+        return self.options.max_lifetime
 
     def _prepare_directory(self) -> None:
         """Create the spool directory (0700) or check an existing one is ours and private."""
@@ -346,8 +343,6 @@ class Spool:
             )
         if not os.access(path, os.W_OK | os.X_OK):
             raise BadSpoolDirectory(path, "not writable by this user (read-only file system?)")
-        if self._archive_dir is not None and not os.path.isdir(self._archive_dir):
-            os.makedirs(self._archive_dir, mode=0o700, exist_ok=True)
         for sub in (fmt.LOG_DIR, fmt.BODY_DIR):
             sub_path = os.path.join(path, sub)
             if not os.path.isdir(sub_path):
@@ -361,18 +356,19 @@ class Spool:
                         path, f"cannot create {sub}/: {exc.strerror or exc}"
                     ) from exc
 
-    def _recover_and_start(
-        self, segment_size: int, sync_every: int, sync_interval: float, crash_limit: int
-    ) -> None:
-        n_classes = len(self.retry_intervals) + 1
-        state = recover(
-            self._fs,
-            self.path,
-            n_classes=n_classes,
-            crash_limit=crash_limit,
-            clock=self._clock,
-            class_for_attempts=self._class_for_attempts,
-        )
+    def _prepare_archive(self, archive_dir: str) -> None:
+        if os.path.isdir(archive_dir):
+            return
+        try:
+            os.makedirs(archive_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise BadSpoolDirectory(
+                archive_dir, f"cannot create the archive directory: {exc.strerror or exc}"
+            ) from exc
+
+    def _recover_and_start(self) -> None:
+        options = self.options
+        state = recover(self._fs, self.path, options=options, clock=self._clock)
         self.recovery: RecoveryReport = state.report
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
@@ -400,15 +396,21 @@ class Spool:
             self._fs,
             self._log_dir,
             first_segment=state.next_segment,
-            segment_size=segment_size,
-            sync_every=sync_every,
-            sync_interval=sync_interval,
+            segment_size=options.segment_size,
+            sync_every=options.sync_every,
+            sync_interval=options.sync_interval,
             on_durable=self._on_durable,
         )
-        intervals = (0.0, *self.retry_intervals)
         self._runners = [
-            Runner(self._fs, self._log_dir, k, iv, k == len(intervals) - 1, state.cursors[k])
-            for k, iv in enumerate(intervals)
+            Runner(
+                self._fs,
+                self._log_dir,
+                k,
+                options.interval(k),
+                k == options.last_class,
+                state.cursors[k],
+            )
+            for k in range(options.last_class + 1)
         ]
 
         self._write_recovery_records(state)
@@ -442,14 +444,15 @@ class Spool:
         and ``DiskFull`` under ``min_free_bytes``; in each case nothing is written.
         Thread-safe; concurrent calls share fsyncs.
         """
+        self._check_process()
         check_sender(sender)
         rcpts = self._check_recipients(recipients)
         if not isinstance(data, bytes):
             raise InvalidMessage(f"data must be bytes, not {type(data).__name__}")
-        if len(data) > self._max_message_size:
+        if len(data) > self.options.max_message_size:
             raise MessageTooLarge(
                 f"message of {len(data)} bytes exceeds max_message_size "
-                f"({self._max_message_size} bytes)"
+                f"({self.options.max_message_size} bytes)"
             )
         self._check_open()
         self._check_free_space()
@@ -457,28 +460,24 @@ class Spool:
         # Accept second, then a counter: unique among this owner's messages (2**32 a
         # second); the counter starts at random so that owners in the same second differ.
         msg_id = f"{int(now) & 0xFFFFFFFF:08X}{next(self._ids) & 0xFFFFFFFF:08X}"
-        if len(data) > self._inline_body_max:
+        inline = len(data) <= self.options.inline_body_max
+        body = rec.BodyRef(rec.BODY_INLINE if inline else rec.BODY_FILE, len(data))
+        env = rec.Envelope(msg_id, sender, rcpts, accepted_at=now, written_at=now, body=body)
+        try:
+            parts = [self._encode(env)]  # checked before anything, the body file too, is written
+        except SpoolMisuse as exc:
+            raise MessageTooLarge(f"{exc}; send fewer recipients per message") from None
+        if inline:
+            parts.append((fmt.T_BODY, rec.encode_body(msg_id, data)))
+        else:
+            self._writer.check_usable()  # a failed writer would leave the file an orphan
             try:
-                body = write_body_file(self._fs, self._body_dir, msg_id, data)
+                write_body_file(self._fs, self._body_dir, msg_id, data)
             except OSError as exc:
                 raise self._body_write_failed(msg_id, exc) from exc
-        else:
-            body = rec.BodyRef(rec.BODY_INLINE, len(data))
-        env = rec.Envelope(msg_id, sender, rcpts, accepted_at=now, written_at=now, body=body)
-        env_type, env_payload = rec.encode(env)
-        if len(env_payload) > fmt.FRAME_PAYLOAD_MAX:
-            raise MessageTooLarge(
-                f"the envelope needs {len(env_payload)} bytes, over the frame limit "
-                f"({fmt.FRAME_PAYLOAD_MAX}); send fewer recipients per message"
-            )
-        frames = encode_frame(env_type, env_payload)
-        if body.kind == rec.BODY_INLINE:
-            frames += encode_frame(fmt.T_BODY, rec.encode_body(msg_id, data))
         with self._lock:
-            start, end = self._writer.enqueue(frames)
-            self._note_envelope(env.klass, start)
-            self._since_checkpoint += 1
-            if body.kind == rec.BODY_INLINE:
+            start, end = self._append(parts, env.klass)
+            if inline:
                 self._body_refs[start.segment] = self._body_refs.get(start.segment, 0) + 1
             self._counts["accepted"] += 1
         self._writer.wait_durable(end)  # the commit point of accept
@@ -503,9 +502,9 @@ class Spool:
         rcpts = tuple(recipients)
         if not rcpts:
             raise InvalidMessage("a message needs at least one recipient")
-        if len(rcpts) > self._max_recipients:
+        if len(rcpts) > self.options.max_recipients:
             raise MessageTooLarge(
-                f"{len(rcpts)} recipients exceed max_recipients ({self._max_recipients})"
+                f"{len(rcpts)} recipients exceed max_recipients ({self.options.max_recipients})"
             )
         for r in rcpts:
             check_mailbox(r)
@@ -516,16 +515,17 @@ class Spool:
         return rcpts
 
     def _check_free_space(self) -> None:
-        if self._min_free_bytes <= 0:
+        if self.options.min_free_bytes <= 0:
             return
         now = time.monotonic()
         if now - self._free_checked_at > 0.25:
-            self._free_ok = self._fs.free_bytes(self.path) >= self._min_free_bytes
+            self._free_ok = self._fs.free_bytes(self.path) >= self.options.min_free_bytes
             self._free_checked_at = now
         if not self._free_ok:
             raise DiskFull(
-                f"free space in {self.path} is under min_free_bytes ({self._min_free_bytes}); "
-                "new mail is refused for now (answer 452), deliveries go on"
+                f"free space in {self.path} is under min_free_bytes "
+                f"({self.options.min_free_bytes}); new mail is refused for now (answer 452), "
+                "deliveries go on"
             )
 
     # --- claiming ----------------------------------------------------------------------
@@ -536,6 +536,7 @@ class Spool:
         With ``timeout`` (seconds) waits that long for work to become due. Fair between
         fresh and deferred mail; never hands a message to two attempts at once.
         """
+        self._check_process()
         deadline = time.monotonic() + (timeout or 0.0)
         synced = False
         while True:
@@ -582,7 +583,7 @@ class Spool:
 
     def _try_claim(self) -> Attempt | float | None:
         """Start an attempt, or return when the next envelope is due (None: no work known)."""
-        if len(self._in_flight) >= self._max_in_flight:
+        if len(self._in_flight) >= self.options.max_in_flight:
             return None
         now = self._now()
         limit = self._writer.durable
@@ -644,25 +645,25 @@ class Spool:
             raise SpoolClosed(f"the attempt on {state.envelope.msg_id} is closed")
 
     def _report(self, state: _InFlight, status: str, recipients: Iterable[str], reply: str) -> None:
-        if isinstance(recipients, str):
-            raise ValueError("recipients must be a list of addresses, not one string")
+        self._check_process()
+        if isinstance(recipients, str | bytes) or not isinstance(recipients, Iterable):
+            raise SpoolMisuse("recipients must be a list of addresses, not one string")
         rcpts = tuple(recipients)
-        if not isinstance(reply, str):
-            raise ValueError("reply must be a str (the server's reply text)")
-        if len(reply) > REPLY_MAX:
-            raise ValueError(f"reply of {len(reply)} characters; at most {REPLY_MAX} are kept")
+        if not all(isinstance(r, str) for r in rcpts):
+            raise SpoolMisuse(f"recipients must be addresses (str): {rcpts!r}")
+        check_text(reply, "reply")
         now = self._now()
         with self._lock:
             self._check_attempt(state)
             if not rcpts:
-                raise ValueError("no recipients given")
+                raise SpoolMisuse("no recipients given")
             for r in rcpts:
                 if r not in state.unreported:
                     known = r in state.envelope.recipients
                     why = "was already reported in this attempt" if known else "is not pending"
-                    raise ValueError(f"recipient {r!r} {why} for {state.envelope.msg_id}")
+                    raise SpoolMisuse(f"recipient {r!r} {why} for {state.envelope.msg_id}")
             if len(set(rcpts)) != len(rcpts):
-                raise ValueError("a recipient is listed twice")
+                raise SpoolMisuse("a recipient is listed twice")
             _, end = self._enqueue(rec.Delta(state.envelope.msg_id, status, rcpts, reply, now))
             state.unreported.difference_update(rcpts)
             if status == rec.DEFERRED:
@@ -708,10 +709,13 @@ class Spool:
         outcomes = env.outcomes + tuple(state.outcomes)
         remaining = tuple(r for r in env.recipients if r in state.deferred)
         record: rec.Record
+        promoted_from = None
         if remaining:
             attempts = env.attempts + 1
-            klass = self._last_class if state.hold else self._class_for_attempts(attempts)
-            body, promoted_from = self._maybe_promote(env, state.body, klass, state.hold, now)
+            klass = (
+                self.options.last_class if state.hold else self.options.class_for_attempts(attempts)
+            )
+            body, promoted_from = self._promote(env, state.body, klass, state.hold, now)
             record = rec.Envelope(
                 msg_id=env.msg_id,
                 sender=env.sender,
@@ -730,8 +734,11 @@ class Spool:
             )
         else:
             record = rec.Finish(env.msg_id, now, state.body, outcomes, reason)
-            self._release_body(state.body, env.msg_id)
         self._enqueue(record)
+        if isinstance(record, rec.Finish):
+            self._release_body(state.body, env.msg_id)
+        elif promoted_from is not None:
+            self._promoted(state.body, env.msg_id)
         state.closed = True
         del self._in_flight[env.msg_id]
         self._cond.notify_all()
@@ -747,21 +754,23 @@ class Spool:
         state.deferred.clear()
         self._counts["failed"] += len(rcpts)
 
-    def _maybe_promote(
+    def _promote(
         self, env: rec.Envelope, body: rec.BodyRef, klass: int, held: str | None, now: float
     ) -> tuple[rec.BodyRef, Position | None]:
-        """Move an inline body to its own file if it would otherwise pin an old segment.
+        """Copy an inline body to its own file if it would otherwise pin an old segment.
 
         The garbage front trails the head by about the longest retry interval; a message
         whose next attempt comes later than that after its body was written (or a held
         one) would hold the body's segment back. Its body is copied once to a body file,
         and replacement envelopes refer to the file from then on (no copy at each retry).
+        Returns the reference the next envelope uses and, if it is a new copy, where the
+        inline body was: the caller calls ``_promoted`` once that envelope is queued (the
+        inline body stays pinned until then, so a refused record changes nothing).
         """
         if body.kind != rec.BODY_INLINE:
             return body, None
-        klass = min(klass, self._last_class)  # a class from larger retry_intervals
-        due = now + (0.0 if klass == 0 else self.retry_intervals[klass - 1])
-        if held is None and due - env.accepted_at <= self._longest_interval:
+        due = now + self.options.interval(klass)
+        if held is None and due - env.accepted_at <= self.options.longest_interval:
             return body, None
         assert body.at is not None
         data = read_inline_body(self._fs, self._log_dir, env.msg_id, body.at)
@@ -774,45 +783,77 @@ class Spool:
             with contextlib.suppress(OSError):
                 self._fs.unlink(os.path.join(self._body_dir, env.msg_id))
             return body, None
-        self._release_body(body, env.msg_id)
-        self._counts["bodies_promoted"] += 1
         return ref, body.at
+
+    def _promoted(self, inline: rec.BodyRef, msg_id: str) -> None:
+        """An envelope naming the promoted copy is queued: the inline body is free."""
+        self._release_body(inline, msg_id)
+        self._counts["bodies_promoted"] += 1
 
     def _release_body(self, body: rec.BodyRef, msg_id: str) -> None:
         """The message no longer uses this body: unpin its segment or doom its file."""
         if body.kind == rec.BODY_INLINE:
-            assert body.at is not None
-            self._body_refs[body.at.segment] -= 1
+            assert body.at is not None, "inline body reference not resolved"
+            seg = body.at.segment
+            # Never below zero, never a KeyError: a count that is already 0 (a spool whose
+            # pins were rebuilt by a full scan that could not see every first envelope)
+            # must not stop the spool; an undercount can only keep segments longer.
+            self._body_refs[seg] = max(self._body_refs.get(seg, 0) - 1, 0)
         else:
             # Unlinked at the next checkpoint, after the finish record is durable.
             self._doomed_bodies.append(msg_id)
 
     def _reappend(self, pos: Position, env: rec.Envelope, size: int, now: float) -> None:
         """Copy a held envelope to the head of the log so that its segment can go."""
-        body, promoted_from = self._maybe_promote(
-            env, resolve_body(env, pos, size), env.klass, env.held, now
-        )
+        old = resolve_body(env, pos, size)
+        body, promoted_from = self._promote(env, old, env.klass, env.held, now)
         # Not waited for: if lost, the old envelope is still live and is re-appended again.
         self._enqueue(
             attrs.evolve(
                 env, written_at=now, body=body, supersedes=pos, promoted_from=promoted_from
             )
         )
+        if promoted_from is not None:
+            self._promoted(old, env.msg_id)
+
+    def _encode(self, record: rec.Record) -> Part:
+        """``record`` encoded (frame type and payload), checked to fit one frame.
+
+        Every call encodes what it writes before it changes any state, so a record that
+        cannot be written refuses the call and changes nothing. The limits on what callers
+        give (options.py: recipients, text sizes) keep every record inside a frame; this
+        check makes sure, with a typed error rather than an assertion.
+        """
+        ftype, payload = rec.encode(record)
+        if len(payload) > fmt.FRAME_PAYLOAD_MAX:
+            subject = record.target if isinstance(record, rec.Control) else record.msg_id
+            raise SpoolMisuse(
+                f"the {fmt.TYPE_NAMES[ftype]} record of {subject} needs {len(payload)} bytes, "
+                f"over the frame limit ({fmt.FRAME_PAYLOAD_MAX})"
+            )
+        return ftype, payload
 
     def _enqueue(self, record: rec.Record) -> tuple[Position, Position]:
-        """Queue one record (not waited for); counts toward the next checkpoint."""
+        """Encode and queue one record (not waited for). Lock held."""
+        part = self._encode(record)
+        return self._append([part], record.klass if isinstance(record, rec.Envelope) else None)
+
+    def _append(self, parts: list[Part], envelope_class: int | None) -> tuple[Position, Position]:
+        """Queue encoded records; every record reaches the writer through here. Counts
+        toward the next checkpoint, and counts an envelope (``envelope_class``) for its
+        runner. Lock held."""
         self._since_checkpoint += 1
-        if self._since_checkpoint == self._checkpoint_every:
+        if self._since_checkpoint == self.options.checkpoint_every:
             self._cond.notify_all()
-        start, end = self._writer.enqueue(encode_frame(*rec.encode(record)))
-        if isinstance(record, rec.Envelope):
-            self._note_envelope(record.klass, start)
+        start, end = self._writer.enqueue(parts)
+        if envelope_class is not None:
+            self._note_envelope(envelope_class, start)
         return start, end
 
     def _note_envelope(self, klass: int, at: Position) -> None:
         """Count an appended envelope for the runner of its class (runners.py: idle runners
         skip to the head). Every envelope appended must come through here. Lock held."""
-        owner = min(klass, self._last_class)
+        owner = min(klass, self.options.last_class)
         self._runners[owner].appended()
         self._fresh_envelopes.append((owner, at))
 
@@ -833,6 +874,7 @@ class Spool:
         Thread-safe; checkpoints run one at a time. Also run every ``checkpoint_interval``
         seconds and every ``checkpoint_every`` records by a background thread.
         """
+        self._check_process()
         with self._checkpoint_lock:
             with self._lock:
                 self._check_open()
@@ -864,7 +906,11 @@ class Spool:
         self._superseded = {p for p in self._superseded if p >= low}
         self._body_refs = {seg: n for seg, n in self._body_refs.items() if n > 0}
         pinned = [Position(seg, 0) for seg in self._body_refs]
-        if self._track_outcomes:
+        # (G1) An attempt in flight needs the envelope it started from: recovery reads it
+        # to write the replacement if the attempt never closes. Its start record comes
+        # later (``working``), so the envelope's own position pins its segment.
+        pinned.extend(s.envelope_at for s in self._in_flight.values())
+        if self.options.outcomes:
             outcome_front = self._outcomes.front()
             acked = self._outcomes.acked_ahead()
             pinned.append(outcome_front)
@@ -901,8 +947,8 @@ class Spool:
             # this loop leaves only retired segments, which recovery ignores and the next
             # checkpoint deletes (or archives) again.
             path = os.path.join(self._log_dir, fmt.segment_name(seg))
-            if self._archive_dir is not None:
-                archive_file(self._fs, path, self._archive_dir)
+            if self.options.archive_dir is not None:
+                archive_file(self._fs, path, self.options.archive_dir)
             else:
                 self._fs.unlink(path)
             self._counts["segments_deleted"] += 1
@@ -916,8 +962,8 @@ class Spool:
         while True:
             with self._lock:
                 self._cond.wait_for(
-                    lambda: self._closed or self._since_checkpoint >= self._checkpoint_every,
-                    timeout=self._checkpoint_interval,
+                    lambda: self._closed or self._since_checkpoint >= self.options.checkpoint_every,
+                    timeout=self.options.checkpoint_interval,
                 )
                 if self._closed:
                     return
@@ -932,8 +978,8 @@ class Spool:
         Needs ``Spool.open(..., outcomes=True)``. Acknowledge it with ``ack_outcome`` once
         its bounce is sent; until then it is handed out again after a restart.
         """
-        if not self._track_outcomes:
-            raise SpoolError("outcomes are not tracked: open the spool with outcomes=True")
+        self._check_process()
+        self._check_outcomes()
         deadline = time.monotonic() + (timeout or 0.0)
         while True:
             with self._lock:
@@ -963,19 +1009,36 @@ class Spool:
                 yield outcome
 
     def ack_outcome(self, msg_id: str) -> None:
-        """Acknowledge an outcome handed out by ``next_outcome``. Durable on return."""
+        """Acknowledge an outcome handed out by ``next_outcome``. Durable on return.
+
+        ``UnknownMessage`` if no outcome of ``msg_id`` is waiting for an acknowledgement.
+        """
+        self._check_process()
+        self._check_outcomes()
+        check_msg_id(msg_id)
         with self._lock:
             self._check_open()
+            if not self._outcomes.waiting(msg_id):
+                raise UnknownMessage(msg_id, "the outcomes waiting for an acknowledgement")
+            part = self._encode(rec.Control(rec.OUTCOME_ACK, msg_id, self._now()))
             self._outcomes.ack(msg_id)
-            _, end = self._enqueue(rec.Control("outcome-ack", msg_id, self._now()))
+            _, end = self._append([part], None)
         self._writer.wait_durable(end)
+
+    def _check_outcomes(self) -> None:
+        if not self.options.outcomes:
+            raise SpoolMisuse(
+                f"outcomes are not tracked in {self.path}: open it with outcomes=True once "
+                "(the setting is recorded in the spool)"
+            )
 
     # --- operator actions ----------------------------------------------------------------
 
     def list(self) -> Iterator[QueueEntry]:
         """The live messages (walks the live part of the log; for operators, not hot paths)."""
+        self._check_process()
         self.sync()
-        intervals = (0.0, *self.retry_intervals)
+        intervals = self.options.class_intervals()
         entries = live_messages(self._fs, self.path, intervals)
         with self._lock:
             active = set(self._in_flight)
@@ -985,45 +1048,54 @@ class Spool:
             yield entry
 
     def show(self, msg_id: str) -> builtins.list[tuple[Position, rec.Record]]:
-        """Every record of ``msg_id`` still in the log. KeyError if there is none."""
+        """Every record of ``msg_id`` still in the log. ``UnknownMessage`` if there is none."""
+        check_msg_id(msg_id)
         self.sync()
         found = history(self._fs, self.path, msg_id)
         if not found:
-            raise KeyError(f"no message {msg_id} in the spool")
+            raise UnknownMessage(msg_id)
         return found
 
-    def hold(self, msg_id: str, reason: str = "held by the operator") -> None:
-        """Stop attempting ``msg_id`` until ``release``. Durable on return. KeyError if unknown."""
-        self._operator_action(msg_id, "hold", reason)
+    def hold(self, msg_id: str, reason: str = HELD_REASON) -> None:
+        """Stop attempting ``msg_id`` until ``release``. Durable on return.
+
+        ``UnknownMessage`` if it is not in the spool; ``SpoolMisuse`` for a ``reason`` that is
+        not a non-empty text of at most ``TEXT_MAX`` bytes (nothing is written then).
+        """
+        self._operator_action(msg_id, OperatorAction.HOLD, check_text(reason, "hold reason"))
 
     def release(self, msg_id: str) -> None:
-        """Release a held message; it is due at once. ValueError if it is not held."""
-        self._operator_action(msg_id, "release", None)
+        """Release a held message; it is due at once. ``SpoolMisuse`` if it is not held."""
+        self._operator_action(msg_id, OperatorAction.RELEASE, None)
 
     def delete(self, msg_id: str, reason: str = DELETED_REPLY) -> None:
         """Fail every pending recipient of ``msg_id`` with ``reason`` and finish it.
 
         A message in flight is finished when its attempt ends: recipients it reports
-        delivered stay delivered, the rest fail.
+        delivered stay delivered, the rest fail. ``reason`` is the failure reply its
+        outcome carries (a bounce quotes it).
         """
-        self._operator_action(msg_id, "delete", reason)
+        self._operator_action(msg_id, OperatorAction.DELETE, check_text(reason, "delete reason"))
 
     def retry_now(self, msg_id: str | None = None) -> int:
         """Make one deferred message (or all, with None) due now; return how many."""
         if msg_id is not None:
-            return self._operator_action(msg_id, "retry", None)
+            return self._operator_action(msg_id, OperatorAction.RETRY, None)
+        self._check_process()
         self.sync()
-        intervals = (0.0, *self.retry_intervals)
+        intervals = self.options.class_intervals()
         count = 0
         for entry in live_messages(self._fs, self.path, intervals).values():
             if entry.state == "deferred":
-                with contextlib.suppress(KeyError):
-                    count += self._operator_action(entry.msg_id, "retry", None)
+                with contextlib.suppress(UnknownMessage):
+                    count += self._operator_action(entry.msg_id, OperatorAction.RETRY, None)
         return count
 
-    def _operator_action(self, msg_id: str, action: str, reason: str | None) -> int:
+    def _operator_action(self, msg_id: str, action: OperatorAction, reason: str | None) -> int:
         """Find the live envelope of ``msg_id`` and supersede it; 1 if something changed."""
-        intervals = (0.0, *self.retry_intervals)
+        self._check_process()
+        check_msg_id(msg_id)
+        intervals = self.options.class_intervals()
         for _ in range(LOCATE_RETRIES):
             self.sync()
             entries = live_messages(self._fs, self.path, intervals)
@@ -1034,7 +1106,7 @@ class Spool:
                 if state is not None:
                     return self._mark_in_flight(state, action, reason)
                 if entry is None:
-                    raise KeyError(f"no message {msg_id} in the spool")
+                    raise UnknownMessage(msg_id)
                 if not self._still_live(entry):
                     continue  # a runner took it meanwhile: look again
                 end = self._supersede(entry, action, reason)
@@ -1048,56 +1120,76 @@ class Spool:
         """Whether ``entry`` is still the message's live envelope (under the lock)."""
         if entry.state == "active" or entry.envelope_at in self._superseded:
             return False
-        runner = self._runners[min(entry.klass, self._last_class)]
+        runner = self._runners[min(entry.klass, self.options.last_class)]
         return runner.cursor <= entry.envelope_at
 
-    def _mark_in_flight(self, state: _InFlight, action: str, reason: str | None) -> int:
-        if action == "hold":
+    def _mark_in_flight(self, state: _InFlight, action: OperatorAction, reason: str | None) -> int:
+        if action is OperatorAction.HOLD:
             state.hold = reason
-        elif action == "delete":
+        elif action is OperatorAction.DELETE:
             state.delete = reason
-        elif action == "release" and state.hold is not None:
+        elif action is OperatorAction.RELEASE and state.hold is not None:
             state.hold = None
-        elif action == "release":
-            raise ValueError(f"{state.envelope.msg_id} is not held")
+        elif action is OperatorAction.RELEASE:
+            raise SpoolMisuse(f"{state.envelope.msg_id} is not held")
         else:
             return 0  # retry: it is being attempted right now
         return 1
 
-    def _supersede(self, entry: QueueEntry, action: str, reason: str | None) -> Position | None:
-        """Write the record(s) an operator action needs; return the end to wait for."""
+    def _supersede(
+        self, entry: QueueEntry, action: OperatorAction, reason: str | None
+    ) -> Position | None:
+        """Write the record(s) an operator action needs; return the end to wait for.
+
+        Everything the action writes is built and encoded before the envelope is marked
+        superseded or a body pin is released, so a refused record changes nothing.
+        """
         frame = read_frame_at(self._fs, self._log_dir, entry.envelope_at)
-        env = rec.decode(frame.type, frame.payload)
-        assert isinstance(env, rec.Envelope)
+        try:
+            env = rec.decode(frame.type, frame.payload)
+        except rec.RecordError as exc:
+            raise CorruptSpool(
+                os.path.join(self._log_dir, fmt.segment_name(entry.envelope_at.segment)),
+                entry.envelope_at.offset,
+                str(exc),
+            ) from None
+        if not isinstance(env, rec.Envelope):
+            raise CorruptSpool(
+                os.path.join(self._log_dir, fmt.segment_name(entry.envelope_at.segment)),
+                entry.envelope_at.offset,
+                "the queue view named a record that is not an envelope",
+            )
         now = self._now()
         pos = entry.envelope_at
-        if action == "delete":
+        if action is OperatorAction.DELETE:
             state = self._start(pos, env, frame.size, now)
             self._superseded.add(pos)
             state.delete = reason
             self._settle(state, now, "deleted by the operator")
             self._counts["deleted"] += 1
             return self._writer.tail
-        if action == "hold":
+        if action is OperatorAction.HOLD:
             if env.held is not None:
                 return None
-            new = attrs.evolve(env, held=reason, klass=self._last_class)
-        elif action == "release":
+            new = attrs.evolve(env, held=reason, klass=self.options.last_class)
+        elif action is OperatorAction.RELEASE:
             if env.held is None:
-                raise ValueError(f"{env.msg_id} is not held")
+                raise SpoolMisuse(f"{env.msg_id} is not held")
             new = attrs.evolve(env, held=None, klass=0, crashes=0)
         else:
             if env.held is not None or env.klass == 0:
                 return None  # held, or already due now
             new = attrs.evolve(env, klass=0)
-        body = resolve_body(env, pos, frame.size)
+        old = resolve_body(env, pos, frame.size)
+        body, promoted = old, None
         if new.held is not None:
-            body, promoted = self._maybe_promote(env, body, new.klass, new.held, now)
-        else:
-            promoted = None
+            body, promoted = self._promote(env, old, new.klass, new.held, now)
         new = attrs.evolve(new, written_at=now, supersedes=pos, body=body, promoted_from=promoted)
+        part = self._encode(new)
         self._superseded.add(pos)
-        _, end = self._enqueue(new)
+        _, end = self._append([part], new.klass)
+        if promoted is not None:
+            self._promoted(old, env.msg_id)
         self._cond.notify_all()
         return end
 
@@ -1105,6 +1197,7 @@ class Spool:
 
     def statistics(self) -> SpoolStatistics:
         """Counters since open (thread-safe)."""
+        self._check_process()
         w = self._writer.stats()
         with self._lock:
             c = self._counts
@@ -1130,6 +1223,7 @@ class Spool:
 
     def sync(self) -> None:
         """Make everything written so far durable (bookkeeping records included)."""
+        self._check_process()
         self._check_open()
         self._writer.sync()
 
@@ -1139,6 +1233,12 @@ class Spool:
         Not needed for safety (crash-only: a kill is as good as a close), but a clean
         close leaves nothing in flight for the next open to recover.
         """
+        if os.getpid() != self._pid:
+            # A forked child: the files, the lock and the threads are the parent's. Touch
+            # nothing (an unlock here would unlock the parent: flock belongs to the open
+            # file description both share); just stop this copy from being used.
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return
@@ -1168,6 +1268,17 @@ class Spool:
 
     # --- helpers -------------------------------------------------------------------------
 
+    def _check_process(self) -> None:
+        """Refuse use from a forked child: parent and child would append at the same
+        offsets with the same message ids, and one of them would overwrite mail the other
+        had acknowledged. Checked before any lock is taken (a fork may copy a held lock)."""
+        if os.getpid() != self._pid:
+            raise SpoolMisuse(
+                f"spool {self.path} was opened by process {self._pid}; process "
+                f"{os.getpid()} is a fork of it and must not use it. Open spools after "
+                "forking, in the one process that owns them, and talk to that owner"
+            )
+
     def _check_open(self) -> None:
         if self._closed:
             raise SpoolClosed(f"spool {self.path} is closed; open it again to continue")
@@ -1179,9 +1290,6 @@ class Spool:
             now = self._last_written_at
         self._last_written_at = now
         return now
-
-    def _class_for_attempts(self, attempts: int) -> int:
-        return min(attempts, len(self.retry_intervals))
 
     def _on_durable(self, end: Position) -> None:
         with self._lock:

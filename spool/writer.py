@@ -1,7 +1,9 @@
 """The log writer: every append goes through here, and concurrent durable appends share fsyncs.
 
-Group commit, after LevelDB's ``DBImpl::Write``. ``append`` assigns the frames their
-position under the writer lock and queues them. A durable caller then waits until the
+Group commit, after LevelDB's ``DBImpl::Write``. ``append`` assigns the records their
+position under the writer lock, frames them there with the salt of the segment they land
+in (every segment gets a random salt in its header; docs/format.md, "Salts"), and queues
+them. A durable caller then waits until the
 durable end passes its frames; the first waiter that finds no flush running becomes the
 leader: it takes every queued frame, pads the batch to a sector boundary, writes it with
 one ``pwrite`` per segment touched, ``fdatasync``s once, and wakes everyone. Non-durable
@@ -32,24 +34,34 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 from crc32c import crc32c
 
 from spool import format as fmt
 from spool.errors import SpoolClosed, SpoolFailed
-from spool.framing import padding_for
+from spool.framing import encode_frame, padding_for
 from spool.fs import FileSystem
 from spool.records import Position
 
+Part = tuple[int, bytes]  # (frame type, payload): one record or BODY frame to append
 
-def segment_header(number: int) -> bytes:
-    """The 32-byte header that opens segment ``number``."""
+
+def new_salt() -> int:
+    """A fresh segment salt: 32 random bits, never 0 (0 is what version 1 wrote)."""
+    while not (salt := secrets.randbits(32)):
+        pass
+    return salt
+
+
+def segment_header(number: int, salt: int) -> bytes:
+    """The 32-byte header that opens segment ``number``, whose frames are salted ``salt``."""
     body = fmt.SEGMENT_HEADER.pack(
-        fmt.SEGMENT_MAGIC, fmt.FORMAT_VERSION, fmt.SEGMENT_HEADER_SIZE, number, 0, 0
+        fmt.SEGMENT_MAGIC, fmt.FORMAT_VERSION, fmt.SEGMENT_HEADER_SIZE, number, salt, 0
     )[:-4]
     return body + crc32c(body).to_bytes(4, "little")
 
@@ -59,6 +71,7 @@ class _Chunk:
     """Queued bytes for one segment, starting at ``offset``."""
 
     segment: int
+    salt: int
     offset: int
     parts: list[bytes]
     size: int = 0
@@ -103,8 +116,15 @@ class LogWriter:
         self._on_durable = on_durable
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._salt = new_salt()  # of the segment at the tail
         self._pending: list[_Chunk] = [
-            _Chunk(first_segment, 0, [segment_header(first_segment)], fmt.SEGMENT_HEADER_SIZE)
+            _Chunk(
+                first_segment,
+                self._salt,
+                0,
+                [segment_header(first_segment, self._salt)],
+                fmt.SEGMENT_HEADER_SIZE,
+            )
         ]
         self._pending_frames = 0
         self._tail = Position(first_segment, fmt.SEGMENT_HEADER_SIZE)
@@ -131,32 +151,34 @@ class LogWriter:
         """Where the next appended frame will go (queued frames included)."""
         return self._tail
 
-    def append(self, frames: bytes, *, durable: bool) -> Position:
-        """Append encoded ``frames`` (one or more, kept contiguous) and return their start.
+    def append(self, parts: Sequence[Part], *, durable: bool) -> Position:
+        """Append ``parts`` (one or more frames, kept contiguous) and return their start.
 
         With ``durable`` the call returns only after an fdatasync covers the frames (W1);
         otherwise they are written with the next batch. Raises ``SpoolFailed`` if the
         writer has failed, ``SpoolClosed`` after ``close``.
         """
-        start, end = self.enqueue(frames)
+        start, end = self.enqueue(parts)
         if durable:
             self.wait_durable(end)
         return start
 
-    def enqueue(self, frames: bytes) -> tuple[Position, Position]:
-        """Queue ``frames`` and return (start, end) without waiting for the disk.
+    def enqueue(self, parts: Sequence[Part]) -> tuple[Position, Position]:
+        """Frame and queue ``parts``; return (start, end) without waiting for the disk.
 
         Callers that must update their own state atomically with the position assignment
-        call this under their lock, then ``wait_durable(end)`` outside it.
+        call this under their lock, then ``wait_durable(end)`` outside it. Each payload
+        must fit a frame (callers check: ``FRAME_PAYLOAD_MAX``).
         """
         with self._lock:
             self._check_usable()
             if self._tail.offset >= self._segment_size:
                 self._roll_locked()
+            frames = b"".join(encode_frame(t, p, self._salt) for t, p in parts)
             start = self._tail
             chunk = self._pending[-1] if self._pending else None
             if chunk is None or chunk.segment != start.segment:
-                chunk = _Chunk(start.segment, start.offset, [])
+                chunk = _Chunk(start.segment, self._salt, start.offset, [])
                 self._pending.append(chunk)
             chunk.parts.append(frames)
             chunk.size += len(frames)
@@ -165,6 +187,11 @@ class LogWriter:
             if self._pending_frames >= self._sync_every:
                 self._cond.notify_all()
             return start, self._tail
+
+    def check_usable(self) -> None:
+        """Raise ``SpoolFailed`` or ``SpoolClosed`` if nothing more can be appended."""
+        with self._lock:
+            self._check_usable()
 
     def wait_durable(self, end: Position) -> None:
         """Return once every frame before ``end`` is durable; lead a flush if none runs."""
@@ -210,7 +237,9 @@ class LogWriter:
     def _roll_locked(self) -> None:
         """Start the next segment: queue its header; the file is created at flush time."""
         nxt = self._tail.segment + 1
-        self._pending.append(_Chunk(nxt, 0, [segment_header(nxt)], fmt.SEGMENT_HEADER_SIZE))
+        self._salt = new_salt()
+        header = segment_header(nxt, self._salt)
+        self._pending.append(_Chunk(nxt, self._salt, 0, [header], fmt.SEGMENT_HEADER_SIZE))
         self._tail = Position(nxt, fmt.SEGMENT_HEADER_SIZE)
 
     def _wait_durable_locked(self, end: Position) -> None:
@@ -227,7 +256,7 @@ class LogWriter:
         if not self._pending or self._flushing:
             return
         last = self._pending[-1]
-        pad = padding_for(last.offset + last.size)  # (W2)
+        pad = padding_for(last.offset + last.size, last.salt)  # (W2)
         if pad:
             last.parts.append(pad)
             last.size += len(pad)

@@ -46,7 +46,7 @@ from spool.cli import main
 from spool.framing import NEED_DATA, BadFrame, Frame, Scanner, encode_frame, parse_frame
 from spool.fs import FileSystem
 from spool.queue_view import walk
-from spool.reader import LogCursor, list_segments
+from spool.reader import LogCursor, list_segments, segment_salt
 from spool.records import Position
 from spool.testing import FakeClock, tree_snapshot
 from spool.writer import segment_header
@@ -365,7 +365,8 @@ def _header_damage(seg: int) -> Damage:
     def damage(root: Path) -> str:
         path = root / fmt.LOG_DIR / fmt.segment_name(seg)
         data = bytearray(path.read_bytes())
-        data[: fmt.SEGMENT_HEADER_SIZE] = segment_header(seg + 1)  # valid, but wrong number
+        salt = segment_salt(bytes(data[: fmt.SEGMENT_HEADER_SIZE]))
+        data[: fmt.SEGMENT_HEADER_SIZE] = segment_header(seg + 1, salt)  # valid, wrong number
         path.write_bytes(bytes(data))
         return f"segment {seg} header names another segment"
 
@@ -544,9 +545,12 @@ def test_reader_over_a_segment_of_arbitrary_bytes_yields_frames_a_tear_or_corrup
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = os.path.join(tmp, fmt.LOG_DIR)
         os.mkdir(log_dir)
-        Path(log_dir, fmt.segment_name(1)).write_bytes(segment_header(1) + VALID_FRAMES[0] + tail)
+        # VALID_FRAMES are framed with salt 0: segments salted 0 read them.
+        Path(log_dir, fmt.segment_name(1)).write_bytes(
+            segment_header(1, 0) + VALID_FRAMES[0] + tail
+        )
         if not newest:
-            Path(log_dir, fmt.segment_name(2)).write_bytes(segment_header(2))
+            Path(log_dir, fmt.segment_name(2)).write_bytes(segment_header(2, 0))
         cursor = LogCursor(FileSystem(), log_dir, Position(1, 0), newest_segment=2 - newest)
         try:
             frames = [f for _p, f in cursor]

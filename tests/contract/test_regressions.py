@@ -15,9 +15,9 @@ from spool import Spool
 from spool import format as fmt
 from spool.errors import CorruptSpool
 from spool.fs import FileSystem
+from spool.options import DEFAULT_RETRY_INTERVALS
 from spool.queue_view import history, live_messages
 from spool.reader import list_segments
-from spool.spool import DEFAULT_RETRY_INTERVALS
 from spool.testing import deliver_all
 
 

@@ -32,7 +32,8 @@ from spool.testing import FakeClock
 # --- the independent reader: every number below is from docs/format.md ------------------
 
 SECTOR = 512
-SEGMENT_HEADER = struct.Struct("<8sIIQII")  # magic version header_size number reserved crc
+SEGMENT_HEADER = struct.Struct("<8sIIQII")  # magic version header_size number salt crc
+VERSIONS = {1, 2}  # a version 1 segment's salt is 0
 SEGMENT_HEADER_SIZE = 32
 FRAME_HEADER = struct.Struct("<IIB")  # crc length type
 FRAME_HEADER_SIZE = 9
@@ -106,15 +107,23 @@ def check_segment_header(data: bytes, number: int) -> str | None:
     """None for a valid header of segment ``number``, else what is wrong."""
     if len(data) < SEGMENT_HEADER_SIZE:
         return "short header"
-    magic, version, size, seg, _reserved, crc = SEGMENT_HEADER.unpack_from(data)
+    magic, version, size, seg, _salt, crc = SEGMENT_HEADER.unpack_from(data)
     if crc32c(data[:28]) != crc:
         return "header CRC"
-    if magic != b"SPOOLLOG" or version != 1 or size != SEGMENT_HEADER_SIZE or seg != number:
+    if magic != b"SPOOLLOG" or version not in VERSIONS:
+        return "header fields"
+    if size != SEGMENT_HEADER_SIZE or seg != number:
         return "header fields"
     return None
 
 
-def frame_at(data: bytes, offset: int) -> tuple[int, int, bytes] | None:
+def salt_of(data: bytes) -> int:
+    """The salt a segment's frame CRCs start from (0 for version 1)."""
+    _magic, version, _size, _seg, salt, _crc = SEGMENT_HEADER.unpack_from(data)
+    return 0 if version == 1 else int(salt)
+
+
+def frame_at(data: bytes, offset: int, salt: int) -> tuple[int, int, bytes] | None:
     """(type, length, payload) of a valid frame at ``offset``, or None for bad bytes."""
     if offset + FRAME_HEADER_SIZE > len(data):
         return None
@@ -122,16 +131,16 @@ def frame_at(data: bytes, offset: int) -> tuple[int, int, bytes] | None:
     end = offset + FRAME_HEADER_SIZE + length
     if ftype not in FRAME_TYPES or length > FRAME_PAYLOAD_MAX or end > len(data):
         return None
-    if crc32c(data[offset + 4 : end]) != crc:  # length, type and payload
+    if crc32c(data[offset + 4 : end], salt) != crc:  # length, type and payload, salted
         return None
     return ftype, length, data[offset + FRAME_HEADER_SIZE : end]
 
 
-def looks_torn(data: bytes, offset: int) -> bool:
+def looks_torn(data: bytes, offset: int, salt: int) -> bool:
     """Rule 4 of "Torn tail or corruption": zero sectors mean a tear, valid frames damage."""
     b = offset - offset % SECTOR
     while b < len(data):
-        if b > offset and frame_at(data, b) is not None:
+        if b > offset and frame_at(data, b, salt) is not None:
             return False
         if not data[b : b + SECTOR].strip(b"\0"):
             return True
@@ -139,11 +148,11 @@ def looks_torn(data: bytes, offset: int) -> bool:
     return True
 
 
-def classify(at: Pos, why: str, data: bytes, durable: Pos, newest: bool) -> None:
+def classify(at: Pos, why: str, data: bytes, salt: int, durable: Pos, newest: bool) -> None:
     """Return quietly if bad bytes at ``at`` are a torn tail; raise ``Damage`` if not."""
     if at < durable or not newest:
         raise Damage(f"{at}: {why}")
-    if at[1] >= SEGMENT_HEADER_SIZE and not looks_torn(data, at[1]):
+    if at[1] >= SEGMENT_HEADER_SIZE and not looks_torn(data, at[1], salt):
         raise Damage(f"{at}: {why}, and valid frames follow")
 
 
@@ -158,14 +167,15 @@ def read_log(files: dict[int, Path], durable_end: Pos | None) -> Log:
         newest = number == numbers[-1]
         problem = check_segment_header(data, number)
         if problem is not None:
-            classify((number, 0), problem, data, durable, newest)
+            classify((number, 0), problem, data, 0, durable, newest)
             log.torn_at = (number, 0)
             break
+        salt = salt_of(data)
         offset = SEGMENT_HEADER_SIZE
         while offset < len(data):
-            found = frame_at(data, offset)
+            found = frame_at(data, offset, salt)
             if found is None:
-                classify((number, offset), "bad frame", data, durable, newest)
+                classify((number, offset), "bad frame", data, salt, durable, newest)
                 log.torn_at = (number, offset)
                 break
             ftype, length, payload = found
@@ -179,6 +189,7 @@ def frames_skipping_bodies(files: dict[int, Path]) -> Iterator[RawFrame]:
     for number in sorted(files):
         with open(files[number], "rb") as f:
             size = os.fstat(f.fileno()).st_size
+            salt = salt_of(f.read(SEGMENT_HEADER_SIZE))
             offset = SEGMENT_HEADER_SIZE
             while offset < size:
                 f.seek(offset)
@@ -190,7 +201,7 @@ def frames_skipping_bodies(files: dict[int, Path]) -> Iterator[RawFrame]:
                     yield RawFrame((number, offset), ftype, length, None)
                 else:
                     payload = f.read(length)
-                    assert crc32c(header[4:] + payload) == crc
+                    assert crc32c(header[4:] + payload, salt) == crc
                     yield RawFrame((number, offset), ftype, length, payload)
                 offset += FRAME_HEADER_SIZE + length
 
@@ -199,7 +210,7 @@ def read_body_file(path: Path) -> bytes:
     """The data of a body file, after checking its header and data CRCs."""
     raw = path.read_bytes()
     magic, version, _reserved, length, data_crc, crc = BODY_HEADER.unpack_from(raw)
-    assert crc32c(raw[:28]) == crc and magic == b"SPOOLBDY" and version == 1
+    assert crc32c(raw[:28]) == crc and magic == b"SPOOLBDY" and version in VERSIONS
     data = raw[BODY_HEADER_SIZE:]
     assert len(data) == length and crc32c(data) == data_crc
     return data

@@ -40,10 +40,13 @@ def run_child(*args: str, timeout: float = 120) -> str:
 
 
 def test_decision_table_has_exactly_one_row_for_every_combination_of_facts() -> None:
-    for facts in itertools.product([False, True], repeat=3):
-        assert decide(*facts) is not None
-    assert len(DECISIONS) == 8
+    for facts in itertools.product([False, True], repeat=4):
+        assert decide(*facts) is not None  # decide asserts that exactly one row matches
+    labels = {decide(*facts).label for facts in itertools.product([False, True], repeat=4)}
+    assert labels == {c.label for c in DECISIONS}, "a row no combination reaches"
     assert all(c.decision is Decision.SETTLED for c in DECISIONS if c.settled)
+    lost = [decide(False, True, *rest) for rest in itertools.product([False, True], repeat=2)]
+    assert {c.decision for c in lost} == {Decision.FINISH_LOST}
 
 
 def test_reopen_scans_only_the_working_suffix(spool_dir: str) -> None:

@@ -69,3 +69,10 @@ def test_padding_reaches_the_next_sector_boundary(offset: int) -> None:
     assert (offset + len(pad)) % fmt.SECTOR == 0
     if pad:
         assert parse_frame(pad, 0) == Frame(fmt.T_PAD, pad[9:], len(pad))
+
+
+def test_a_frame_checks_only_with_the_salt_of_its_segment() -> None:
+    frame = encode_frame(fmt.T_START, b"a record", 0x5A17CAFE)
+    assert parse_frame(frame, 0, 0x5A17CAFE) == Frame(fmt.T_START, b"a record", len(frame))
+    for other in (0, 0x5A17CAFF, 1):
+        assert parse_frame(frame, 0, other) == BadFrame("checksum mismatch")

@@ -8,7 +8,7 @@ import pytest
 
 from spool import format as fmt
 from spool.errors import CorruptSpool
-from spool.framing import Frame, encode_frame
+from spool.framing import Frame
 from spool.reader import LogCursor
 from spool.records import Position
 from spool.testing import CountingFS
@@ -17,7 +17,7 @@ from spool.writer import LogWriter
 
 def _write(tmp_path: Path, n: int) -> list[Position]:
     w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=1 << 20)
-    out = [w.append(encode_frame(fmt.T_CONTROL, b"x" * 100), durable=True) for _ in range(n)]
+    out = [w.append([(fmt.T_CONTROL, b"x" * 100)], durable=True) for _ in range(n)]
     w.close()
     return out
 
@@ -65,7 +65,7 @@ def test_damaged_frame_in_an_older_segment_is_corruption_even_past_durable_end(
 ) -> None:
     w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=600)
     for _ in range(10):
-        w.append(encode_frame(fmt.T_CONTROL, b"y" * 100), durable=True)
+        w.append([(fmt.T_CONTROL, b"y" * 100)], durable=True)
     w.close()
     seg = tmp_path / fmt.segment_name(1)
     data = bytearray(seg.read_bytes())
@@ -99,8 +99,8 @@ def test_flip_in_newest_segment_with_later_batches_is_corruption(tmp_path: Path)
 def test_unwritten_sector_inside_the_last_batch_is_a_tear(tmp_path: Path) -> None:
     """A batch whose middle sector never reached the disk, while a later sector did."""
     w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=1 << 20)
-    w.append(encode_frame(fmt.T_CONTROL, b"first"), durable=True)
-    starts = [w.append(encode_frame(fmt.T_CONTROL, b"z" * 300), durable=False) for _ in range(8)]
+    w.append([(fmt.T_CONTROL, b"first")], durable=True)
+    starts = [w.append([(fmt.T_CONTROL, b"z" * 300)], durable=False) for _ in range(8)]
     w.close()
     seg = tmp_path / fmt.segment_name(1)
     data = bytearray(seg.read_bytes())

@@ -23,8 +23,9 @@ from spool import records as rec
 from spool.errors import CorruptSpool
 from spool.framing import Frame, encode_frame, padding_for
 from spool.fs import FileSystem
+from spool.options import SpoolOptions
 from spool.positions import load_positions, store_positions
-from spool.reader import LogCursor, SkippedBody
+from spool.reader import LogCursor, SkippedBody, segment_salt
 from spool.records import Position
 from spool.recovery import RecoveredState, recover
 from spool.testing import FakeClock
@@ -43,8 +44,15 @@ def newest_segment(spool_dir: str) -> int:
     return max(n for n in map(fmt.parse_segment_name, names) if n is not None)
 
 
-def frame_of(record: rec.Record) -> bytes:
-    return encode_frame(*rec.encode(record))
+def salt_of(path: str) -> int:
+    """The salt of an existing segment's frames."""
+    with open(path, "rb") as f:
+        return segment_salt(f.read(fmt.SEGMENT_HEADER_SIZE))
+
+
+def frame_of(record: rec.Record, path: str) -> bytes:
+    """``record`` framed for the segment file at ``path`` (with its salt)."""
+    return encode_frame(*rec.encode(record), salt_of(path))
 
 
 def append_batch(path: str, frames: bytes, *, pad: bool = True) -> int:
@@ -56,7 +64,7 @@ def append_batch(path: str, frames: bytes, *, pad: bool = True) -> int:
     fd = FS.open(path, os.O_WRONLY)
     try:
         offset = FS.size(fd)
-        data = frames + (padding_for(offset + len(frames)) if pad else b"")
+        data = frames + (padding_for(offset + len(frames), salt_of(path)) if pad else b"")
         FS.pwrite(fd, data, offset)
         FS.fdatasync(fd)
     finally:
@@ -64,12 +72,16 @@ def append_batch(path: str, frames: bytes, *, pad: bool = True) -> int:
     return offset
 
 
+NEW_SALT = 0x5A17F00D  # the salt of segments these tests create
+
+
 def create_segment(spool_dir: str, number: int, data: bytes = b"") -> str:
-    """A new segment file: its header, then ``data``, synced with its directory entry."""
+    """A new segment file: its header (salt ``NEW_SALT``), then ``data``, synced with its
+    directory entry."""
     path = segment_path(spool_dir, number)
     fd = FS.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        FS.pwrite(fd, segment_header(number) + data, 0)
+        FS.pwrite(fd, segment_header(number, NEW_SALT) + data, 0)
         FS.fdatasync(fd)
     finally:
         FS.close(fd)
@@ -121,15 +133,7 @@ def accepted_spool(spool_dir: str, clock: FakeClock, count: int = 1) -> list[str
 
 
 def recover_dry(spool_dir: str, clock: FakeClock) -> RecoveredState:
-    return recover(
-        FS,
-        spool_dir,
-        n_classes=7,
-        crash_limit=3,
-        clock=clock,
-        class_for_attempts=lambda attempts: min(attempts, 6),
-        dry_run=True,
-    )
+    return recover(FS, spool_dir, options=SpoolOptions(), clock=clock, dry_run=True)
 
 
 def assert_corrupt_at(spool_dir: str, clock: FakeClock, path: str, offset: int, why: str) -> None:
@@ -155,7 +159,7 @@ def test_a_first_envelope_followed_by_a_frame_other_than_its_body_is_corrupt(
     path = segment_path(spool_dir, newest_segment(spool_dir))
     # The envelope and the PAD that ends its batch: a tear can lose frames at the end of
     # a batch, never one in the middle, so this is damage even after the durable end.
-    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock)))
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock), path))
     assert_corrupt_at(spool_dir, clock, path, at, "envelope without its body")
 
 
@@ -165,9 +169,10 @@ def test_a_first_envelope_whose_body_frame_opens_the_next_segment_is_corrupt(
     accepted_spool(spool_dir, clock)
     last = newest_segment(spool_dir)
     path = segment_path(spool_dir, last)
-    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock)), pad=False)
-    body = encode_frame(fmt.T_BODY, rec.encode_body(LONE_ID, b"hello"))
-    create_segment(spool_dir, last + 1, body + padding_for(fmt.SEGMENT_HEADER_SIZE + len(body)))
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock), path), pad=False)
+    body = encode_frame(fmt.T_BODY, rec.encode_body(LONE_ID, b"hello"), NEW_SALT)
+    pad = padding_for(fmt.SEGMENT_HEADER_SIZE + len(body), NEW_SALT)
+    create_segment(spool_dir, last + 1, body + pad)
     # An envelope and its body are one piece of one batch: a frame never spans segments.
     assert_corrupt_at(spool_dir, clock, path, at, "envelope without its body")
 
@@ -178,7 +183,7 @@ def test_a_first_envelope_ending_an_older_segment_is_corrupt_not_a_torn_tail(
     accepted_spool(spool_dir, clock)
     last = newest_segment(spool_dir)
     path = segment_path(spool_dir, last)
-    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock)), pad=False)
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock), path), pad=False)
     # A newer segment whose only batch was torn away (zeros after its header): the older
     # segment was fully synced before it was created (W3), so its last frame is no tear.
     create_segment(spool_dir, last + 1, bytes(fmt.SECTOR - fmt.SEGMENT_HEADER_SIZE))
@@ -190,7 +195,7 @@ def test_a_first_envelope_ending_the_log_before_the_durable_end_is_corrupt(
 ) -> None:
     accepted_spool(spool_dir, clock)
     path = segment_path(spool_dir, newest_segment(spool_dir))
-    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock)), pad=False)
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock), path), pad=False)
     positions = load_positions(FS, spool_dir)
     assert positions is not None and positions.consistent <= Position(newest_segment(spool_dir), at)
     # Positions vouching for the envelope: the log was durable past it, so no crash can
@@ -206,7 +211,7 @@ def test_a_first_envelope_ending_the_newest_segment_after_the_durable_end_is_a_t
     (kept,) = accepted_spool(spool_dir, clock)
     last = newest_segment(spool_dir)
     path = segment_path(spool_dir, last)
-    envelope = frame_of(first_envelope(LONE_ID, clock))
+    envelope = frame_of(first_envelope(LONE_ID, clock), path)
     at = append_batch(path, envelope, pad=False)
     with Spool.open(spool_dir, clock=clock) as sp:
         # Its accept never returned: the envelope goes with the body the crash lost.
@@ -224,7 +229,7 @@ def test_each_torn_tail_is_kept_in_the_corrupt_directory_once_it_exists(
     for msg_id in (LONE_ID, "6B0357990E172DB4"):
         last = newest_segment(spool_dir)
         path = segment_path(spool_dir, last)
-        envelope = frame_of(first_envelope(msg_id, clock))
+        envelope = frame_of(first_envelope(msg_id, clock), path)
         at = append_batch(path, envelope, pad=False)
         with Spool.open(spool_dir, clock=clock) as sp:
             assert sp.recovery.torn_at == Position(last, at)
@@ -262,7 +267,7 @@ def test_a_frame_that_passes_its_check_but_is_no_record_is_corrupt_at_its_offset
 ) -> None:
     accepted_spool(spool_dir, clock)
     path = segment_path(spool_dir, newest_segment(spool_dir))
-    at = append_batch(path, encode_frame(ftype, payload))
+    at = append_batch(path, encode_frame(ftype, payload, salt_of(path)))
     assert_corrupt_at(spool_dir, clock, path, at, why)
 
 
@@ -284,7 +289,7 @@ def test_an_outcome_acknowledgement_in_the_scanned_suffix_is_not_handed_out_agai
     # The acknowledgement became durable, then the process died before new positions
     # were written: only the scan of the log can know about it.
     path = segment_path(spool_dir, newest_segment(spool_dir))
-    append_batch(path, frame_of(rec.Control("outcome-ack", msg_id, clock())))
+    append_batch(path, frame_of(rec.Control("outcome-ack", msg_id, clock()), path))
     assert recover_dry(spool_dir, clock).outcome_acked == {msg_id}
     with Spool.open(spool_dir, clock=clock, outcomes=True) as sp:
         assert sp.next_outcome() is None
@@ -299,7 +304,8 @@ def test_a_start_record_naming_another_messages_envelope_is_corrupt(
     first, second = accepted_spool(spool_dir, clock, count=2)
     last = newest_segment(spool_dir)
     other, _body = envelope_at(spool_dir, last, second)
-    append_batch(segment_path(spool_dir, last), frame_of(rec.Start(first, other, 0, clock())))
+    path = segment_path(spool_dir, last)
+    append_batch(path, frame_of(rec.Start(first, other, 0, clock()), path))
     path = segment_path(spool_dir, other.segment)
     assert_corrupt_at(spool_dir, clock, path, other.offset, f"start of {first} names no envelope")
 
@@ -308,7 +314,9 @@ def test_a_start_record_naming_itself_is_corrupt(spool_dir: str, clock: FakeCloc
     (msg_id,) = accepted_spool(spool_dir, clock)
     path = segment_path(spool_dir, newest_segment(spool_dir))
     itself = Position(newest_segment(spool_dir), os.path.getsize(path))
-    assert append_batch(path, frame_of(rec.Start(msg_id, itself, 0, clock()))) == itself.offset
+    assert (
+        append_batch(path, frame_of(rec.Start(msg_id, itself, 0, clock()), path)) == itself.offset
+    )
     assert_corrupt_at(spool_dir, clock, path, itself.offset, f"start of {msg_id} names no envelope")
 
 
@@ -324,7 +332,8 @@ def test_a_start_record_naming_a_frame_that_carries_no_record_is_corrupt(
     else:
         (named,) = [p for p, f in frames_in(spool_dir, last) if f.type == fmt.T_PAD][-1:]
     assert named != envelope
-    append_batch(segment_path(spool_dir, last), frame_of(rec.Start(msg_id, named, 0, clock())))
+    newest = segment_path(spool_dir, last)
+    append_batch(newest, frame_of(rec.Start(msg_id, named, 0, clock()), newest))
     path = segment_path(spool_dir, named.segment)
     assert_corrupt_at(spool_dir, clock, path, named.offset, f"start of {msg_id} names no envelope")
 
@@ -337,14 +346,14 @@ def test_a_start_record_naming_an_unscanned_envelope_that_does_not_decode_is_cor
     path = segment_path(spool_dir, last)
     _, payload = rec.encode(first_envelope(msg_id, clock))
     spoiled = cbor2.dumps({**cbor2.loads(payload), "to": "b@example.net"})
-    at = append_batch(path, encode_frame(fmt.T_ENVELOPE, spoiled))
+    at = append_batch(path, encode_frame(fmt.T_ENVELOPE, spoiled, salt_of(path)))
     # Positions written after that batch: the scan starts behind the envelope, so only
     # the start record that names it leads recovery to read it.
     positions = load_positions(FS, spool_dir)
     assert positions is not None
     end = Position(last, os.path.getsize(path))
     store_positions(FS, spool_dir, attrs.evolve(positions, consistent=end, working_start=end))
-    append_batch(path, frame_of(rec.Start(msg_id, Position(last, at), 0, clock())))
+    append_batch(path, frame_of(rec.Start(msg_id, Position(last, at), 0, clock()), path))
     assert_corrupt_at(spool_dir, clock, path, at, f"start of {msg_id} names no envelope")
 
 
@@ -354,7 +363,8 @@ def test_a_start_record_naming_its_own_envelope_is_recovered_as_an_interrupted_a
     (msg_id,) = accepted_spool(spool_dir, clock)
     last = newest_segment(spool_dir)
     envelope, _body = envelope_at(spool_dir, last, msg_id)
-    append_batch(segment_path(spool_dir, last), frame_of(rec.Start(msg_id, envelope, 0, clock())))
+    path = segment_path(spool_dir, last)
+    append_batch(path, frame_of(rec.Start(msg_id, envelope, 0, clock()), path))
     with Spool.open(spool_dir, clock=clock) as sp:
         assert sp.recovery.working_found == 1 and sp.recovery.replacements_written == 1
         (entry,) = sp.list()

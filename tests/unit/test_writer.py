@@ -10,15 +10,15 @@ import pytest
 
 from spool import format as fmt
 from spool.errors import SpoolFailed
-from spool.framing import Frame, encode_frame
+from spool.framing import Frame
 from spool.reader import LogCursor, list_segments
 from spool.records import Position
 from spool.testing import CountingFS, FaultFS
-from spool.writer import LogWriter
+from spool.writer import LogWriter, Part
 
 
-def _frame(i: int) -> bytes:
-    return encode_frame(fmt.T_CONTROL, f"frame {i}".encode())
+def _frame(i: int) -> list[Part]:
+    return [(fmt.T_CONTROL, f"frame {i}".encode())]
 
 
 def _read_all(log_dir: str) -> list[bytes]:
