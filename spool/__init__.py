@@ -15,7 +15,10 @@ from spool.errors import (
     SpoolError,
     SpoolFailed,
     SpoolLocked,
+    SpoolMisuse,
+    UnknownMessage,
 )
+from spool.options import SpoolOptions
 from spool.recovery import RecoveryReport
 from spool.spool import Attempt, MessageEnvelope, Spool, SpoolStatistics
 
@@ -34,5 +37,8 @@ __all__ = [
     "SpoolError",
     "SpoolFailed",
     "SpoolLocked",
+    "SpoolMisuse",
+    "SpoolOptions",
     "SpoolStatistics",
+    "UnknownMessage",
 ]

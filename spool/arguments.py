@@ -38,3 +38,13 @@ def check_msg_id(value: object) -> str:
     if not isinstance(value, str):
         raise SpoolMisuse(f"a message id is a str, not {type(value).__name__}")
     return value
+
+
+def check_seconds(value: object, what: str) -> float:
+    """A time to wait: None (not at all) or a number of seconds, 0 or more, else
+    ``SpoolMisuse``."""
+    if value is None:
+        return 0.0
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        raise SpoolMisuse(f"{what} must be a number of seconds (0 or more) or None, not {value!r}")
+    return float(value)

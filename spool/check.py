@@ -50,7 +50,7 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.bodies import check_body_file
+from spool.bodies import check_body_file, read_body_file, read_inline_body
 from spool.damage import (
     RECORD_FRAME_MIN,
     Affected,
@@ -62,19 +62,23 @@ from spool.damage import (
     replacement,
     scan_segment,
 )
-from spool.errors import CorruptSpool, SpoolError, UnknownMessage
+from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
 from spool.fs import FileSystem
 from spool.lock import OwnerLock
-from spool.options import load_settings, resolve_options
+from spool.options import load_settings, resolve_options, store_settings
 from spool.positions import RestartPositions, load_positions, unretired
 from spool.reader import list_segments
 from spool.records import Position
-from spool.recovery import is_damaged_body, recover
-from spool.spool import Spool
+from spool.recovery import recover
+from spool.spool import Spool, archive_file
 from spool.writer import new_salt, segment_header
 
 BODY_LOST_REPLY = (
     "554 5.3.0 message data lost to disk damage in the spool; the damaged bytes were kept as {copy}"
+)
+RESTORED_HOLD = (
+    "restored by spool check --repair from a damaged envelope at {region}: check its sender "
+    "and recipients before releasing it"
 )
 RECORDS_LOST_HOLD = (
     "records of this message may have been lost to disk damage at {region}: check whether "
@@ -104,10 +108,13 @@ class CheckReport:
     seconds: float
     orphan_bodies: tuple[str, ...] = ()
     regions: tuple[Region, ...] = ()  # damage not yet set aside
+    corrections: tuple[tuple[int, int, str], ...] = ()  # (segment, offset, what): one bit
     affected: tuple[Affected, ...] = ()  # what the damage means for each message it touched
     bad_body_files: tuple[str, ...] = ()
     bad_settings: bool = False
+    bad_positions: bool = False
     missing_segments: tuple[int, ...] = ()
+    retired_segments: tuple[int, ...] = ()  # behind the durable garbage front
 
     @property
     def clean(self) -> bool:
@@ -137,8 +144,9 @@ def check_spool(
     segments = list_segments(fs, log_dir) if os.path.isdir(log_dir) else []
     positions = load_positions(fs, path)
     kept = unretired(segments, positions)
-    if len(kept) < len(segments):
-        notes.append(f"{len(segments) - len(kept)} retired segment(s) awaiting deletion")
+    retired = tuple(s for s in segments if s not in kept)
+    if retired:
+        notes.append(f"{len(retired)} retired segment(s) awaiting deletion")
     segments = kept
     missing = [n for prev, nxt in itertools.pairwise(segments) for n in range(prev + 1, nxt)]
     for n in missing:
@@ -146,6 +154,7 @@ def check_spool(
     walk = Assessment(set())
     regions: list[Region] = []
     markers: list[Region] = []
+    corrections: list[tuple[int, int, str]] = []
     records = size = 0
     for seg in segments:
         if seg - 1 in missing:
@@ -154,6 +163,7 @@ def check_spool(
         records += sum(1 for _, item in scan.items if not isinstance(item, Region))
         size += scan.size
         _report_scan(scan, _segment_path(log_dir, seg), problems, notes)
+        corrections.extend((seg, offset, what) for offset, _fixed, what in scan.corrections)
         for offset, item in scan.items:
             walk.step(Position(seg, offset), item)
             if isinstance(item, Region):
@@ -170,9 +180,14 @@ def check_spool(
     bad_files = _check_bodies(fs, body_dir, walk, problems)
     walk.bad_files = set(bad_files)
     affected = walk.verdicts()
+    regions = [
+        attrs.evolve(r, sup=tuple(walk.lost_starts.get((r.segment, r.start), ()))) for r in regions
+    ]
     _report_unfinished_repairs(affected, problems, notes)
     present = set(os.listdir(body_dir)) if os.path.isdir(body_dir) else set()
-    orphans = sorted(present - live)
+    affected.extend(_envelopes_lost_with_files(present - live, regions, affected))
+    named = {a.msg_id for a in affected if a.verdict is not Verdict.RECORDS_LOST}
+    orphans = sorted(present - live - named)
     if orphans:
         notes.append(
             f"{len(orphans)} body file(s) that no live message names (left by a crash during "
@@ -194,11 +209,31 @@ def check_spool(
         seconds=time.monotonic() - started,
         orphan_bodies=tuple(orphans),
         regions=tuple(regions),
+        corrections=tuple(corrections),
         affected=tuple(affected),
         bad_body_files=tuple(bad_files),
         bad_settings=bad_settings,
+        bad_positions=os.path.exists(os.path.join(path, fmt.POSITIONS_NAME)) and positions is None,
         missing_segments=tuple(missing),
+        retired_segments=retired,
     )
+
+
+def _envelopes_lost_with_files(
+    unnamed_files: set[str], regions: list[Region], affected: list[Affected]
+) -> list[Affected]:
+    """Messages whose first envelope was in damage that no record of them outlived, found
+    by their body file (which no live message names) and their id still legible in the
+    damaged bytes. Without this they would vanish unnamed, their body filed as an orphan."""
+    known = {a.msg_id for a in affected}
+    found = []
+    for region in regions:
+        for msg_id in region.ids:
+            if msg_id in unnamed_files and msg_id not in known:
+                detail = "sender and recipients unknown; its body file is kept in corrupt/"
+                found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
+                known.add(msg_id)
+    return found
 
 
 def _segment_path(log_dir: str, number: int) -> str:
@@ -234,6 +269,8 @@ def _scan(
 def _report_scan(scan: SegmentScan, path: str, problems: list[Problem], notes: list[str]) -> None:
     if scan.header_problem is not None and scan.torn_at is None and scan.salt is not None:
         problems.append(Problem(path, 0, f"segment header: {scan.header_problem}"))
+    for offset, _fixed, what in scan.corrections:
+        problems.append(Problem(path, offset, f"{what}: check --repair sets it right"))
     for region in scan.regions:
         if not region.marker:
             what = f"{region.reason}; {region.end - region.start} bytes"
@@ -261,7 +298,7 @@ def _check_pairs(scan: SegmentScan, path: str, problems: list[Problem]) -> None:
             elif item.type == fmt.T_BODY:
                 if rec.decode_body(item.payload)[0] != owner:
                     problems.append(Problem(path, at, f"envelope of {owner} has no body frame"))
-            elif not is_damaged_body(item, owner):
+            else:
                 problems.append(Problem(path, at, f"envelope of {owner} has no body frame"))
         if isinstance(item, Region) or item.type in (fmt.T_BODY, fmt.T_PAD):
             continue
@@ -402,18 +439,29 @@ def repair_spool(path: str, fs: FileSystem | None = None) -> RepairReport:
     try:
         before = check_spool(path, fs)
         actions = _repair_files(fs, path, before) if _needs_repair(before) else []
+        # Step 2 settles what the markers now in the log say, exactly what a check after
+        # an interrupted repair derives, so a repair run twice converges.
+        marked = check_spool(path, fs) if actions else before
     finally:
         owner.release()
-    fates = _settle_affected(path, before, fs) if before.affected or actions else []
+    fates = _settle_affected(path, marked, before, fs) if marked.affected else []
+    settled = {msg_id for msg_id, _fate in fates}
+    fates += [  # named before the rewrite only: nothing of them left to settle
+        (a.msg_id, f"{a.verdict.value} at {a.region}: {a.detail or 'nothing left to settle'}")
+        for a in before.affected
+        if a.msg_id not in settled
+    ]
     return RepairReport(before, tuple(actions), tuple(fates), check_spool(path, fs))
 
 
 def _needs_repair(report: CheckReport) -> bool:
     return bool(
         report.regions
+        or report.corrections
         or report.bad_body_files
         or report.orphan_bodies
         or report.bad_settings
+        or report.bad_positions
         or report.missing_segments
         or any(p.what.startswith("segment header") for p in report.problems)
     )
@@ -431,6 +479,7 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
         fs.fsync_dir(root)
     damaged = sorted(
         {r.segment for r in report.regions}
+        | {seg for seg, _offset, _what in report.corrections}
         | {
             fmt.parse_segment_name(os.path.basename(p.path)) or 0
             for p in report.problems
@@ -460,18 +509,29 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
         done.append(f"moved orphan body file {src} to {target}")
         moved = True
     for a in report.affected:
-        # A message whose envelope was lost may still have a body file: keep its data.
+        # A message whose envelope was lost may still have a body file: keep its data (move
+        # it when nothing live names it; copy it when recovery will finish the message).
         src = os.path.join(body_dir, a.msg_id)
         if a.verdict is Verdict.ENVELOPE_LOST and os.path.exists(src):
             target = os.path.join(corrupt, f"body.{a.msg_id}.{stamp}.lost-envelope")
-            _copy_durably(fs, src, target, corrupt)
-            done.append(f"copied the body file of {a.msg_id} (its envelope was lost) to {target}")
+            if a.live:
+                _copy_durably(fs, src, target, corrupt)
+            else:
+                fs.rename(src, target)
+                moved = True
+            done.append(f"kept the body file of {a.msg_id} (its envelope was lost) as {target}")
     if report.bad_settings:
         src = os.path.join(root, fmt.SETTINGS_NAME)
         fs.rename(src, os.path.join(corrupt, f"settings.{stamp}"))
-        done.append(f"moved the damaged {src} aside: the spool's defaults apply")
+        done.append(_restore_settings(fs, root, src))
+        moved = True
+    if report.bad_positions:
+        src = os.path.join(root, fmt.POSITIONS_NAME)
+        fs.rename(src, os.path.join(corrupt, f"positions.{stamp}"))
+        done.append(f"moved the damaged {src} aside: the next open scans the whole log")
         moved = True
     if damaged or report.missing_segments:
+        _finish_retirement(fs, root, report.retired_segments, done)
         src = os.path.join(root, fmt.POSITIONS_NAME)
         if os.path.exists(src):
             # (X2) Before any segment changes: the next open scans the whole log, markers
@@ -486,12 +546,55 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
     regions = {seg: [r for r in report.regions if r.segment == seg] for seg in damaged}
     for seg in damaged:
         _rewrite_segment(fs, log_dir, seg, regions[seg], copies[seg])
-        what = ", ".join(f"{r.kind.value} at {r}" for r in regions[seg]) or "its header"
-        done.append(f"set aside the damaged bytes of {_segment_path(log_dir, seg)}: {what}")
+        fixed = [f"{what} at {s}:{o}" for s, o, what in report.corrections if s == seg]
+        what = ", ".join([f"{r.kind.value} at {r}" for r in regions[seg]] + fixed)
+        done.append(
+            f"set right the damaged bytes of {_segment_path(log_dir, seg)}: {what or 'its header'}"
+        )
     for seg in report.missing_segments:
         _write_segment(fs, log_dir, seg, _missing_segment(seg))
         done.append(f"created {_segment_path(log_dir, seg)} in place of a missing segment")
     return done
+
+
+def _restore_settings(fs: FileSystem, root: str, src: str) -> str:
+    """Write the settings again from the copy in the restart positions, if there is one
+    (the damaged file was moved aside first); otherwise the defaults apply."""
+    positions = load_positions(fs, root)
+    copy = positions.settings if positions is not None else {}
+    try:
+        options = resolve_options(copy, {})
+    except SpoolMisuse:
+        copy = {}
+    if not copy:
+        return f"moved the damaged {src} aside: the spool's defaults apply (no copy found)"
+    # (X5) Atomic replace (metafile.py): a crash leaves no settings file (the next repair
+    # restores it again) or the restored one.
+    store_settings(fs, root, options)
+    return f"moved the damaged {src} aside and restored it from the copy in the positions"
+
+
+def _finish_retirement(
+    fs: FileSystem, root: str, retired: tuple[int, ...], done: list[str]
+) -> None:
+    """Delete (or archive) the segments the durable positions retired, as the owner's next
+    checkpoint would. They hold only garbage; once the positions are moved aside nothing
+    would tell them from live segments, and a gap among them would stop every open."""
+    if not retired:
+        return
+    options = resolve_options(load_settings(fs, root), {})
+    archive = None if options.archive_dir is None else os.path.join(root, options.archive_dir)
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    for seg in retired:
+        path = _segment_path(log_dir, seg)
+        # (X4) Retired by durable positions (P3): a crash midway leaves some of them, which
+        # the still-present positions keep retiring; a repeated repair finishes the job.
+        if archive is not None:
+            archive_file(fs, path, archive)
+        else:
+            fs.unlink(path)
+    fs.fsync_dir(log_dir)
+    done.append(f"finished retiring {len(retired)} segment(s) behind the garbage front")
 
 
 def _rewrite_segment(
@@ -511,6 +614,8 @@ def _rewrite_segment(
     else:
         out = bytearray(data)
         out[: fmt.SEGMENT_HEADER_SIZE] = segment_header(seg, scan.salt)
+        for offset, frame, _what in scan.corrections:
+            out[offset : offset + len(frame)] = frame  # one flipped bit put right
         for region in regions:
             if region.start >= fmt.SEGMENT_HEADER_SIZE:
                 out[region.start : region.end] = replacement(region, scan.salt, now, copy)
@@ -550,14 +655,39 @@ def _copy_durably(fs: FileSystem, src: str, dst: str, dst_dir: str) -> None:
     fs.fsync_dir(dst_dir)
 
 
-def _settle_affected(path: str, report: CheckReport, fs: FileSystem) -> list[tuple[str, str]]:
+def _settle_affected(
+    path: str, report: CheckReport, before: CheckReport, fs: FileSystem
+) -> list[tuple[str, str]]:
     """Step 2 of the module docstring: open the spool and settle each message the damage
-    touched; returns what became of each."""
+    touched; returns what became of each. Envelopes to restore come from ``before``: the
+    markers that replaced them cannot hold their content."""
+    restore = {a.msg_id: a for a in before.affected if a.verdict is Verdict.ENVELOPE_DAMAGED}
     fates: list[tuple[str, str]] = []
     with Spool.open(path, fs=fs) as sp:
         for a in report.affected:
-            fates.append((a.msg_id, _settle_one(sp, a)))
+            if a.msg_id in restore:
+                fates.append((a.msg_id, _restore_one(sp, path, restore.pop(a.msg_id))))
+            else:
+                fates.append((a.msg_id, _settle_one(sp, a)))
     return fates
+
+
+def _restore_one(sp: Spool, path: str, a: Affected) -> str:
+    """Queue again, held, a message whose only envelope was damaged but still decodes."""
+    env = a.region.record
+    assert isinstance(env, rec.Envelope)
+    log_dir = os.path.join(path, fmt.LOG_DIR)
+    try:
+        if env.body.kind == rec.BODY_FILE:
+            data = read_body_file(sp._fs, os.path.join(path, fmt.BODY_DIR), env.msg_id)
+        else:
+            at = env.body.at or Position(a.region.segment, a.region.end)  # first: body follows
+            data = read_inline_body(sp._fs, log_dir, env.msg_id, at)
+        reason = RESTORED_HOLD.format(region=a.region)
+        sp._restore_envelope(env, data, Position(a.region.segment, a.region.start), reason)
+    except SpoolError as exc:
+        return f"its envelope was lost at {a.region} and could not be restored ({exc})"
+    return f"its envelope was damaged at {a.region}: {a.detail} (held)"
 
 
 def _settle_one(sp: Spool, a: Affected) -> str:

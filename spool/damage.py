@@ -46,15 +46,16 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 import cbor2
+from crc32c import crc32c
 
 from spool import format as fmt
 from spool import records as rec
 from spool.framing import Frame, encode_frame, pad_frame, parse_frame
-from spool.reader import check_segment_header, looks_torn, segment_salt
+from spool.reader import check_segment_header, header_blank, looks_torn, segment_salt
 from spool.records import Position
 
 # The smallest frame any record can be (a START record: id, a position, a class and a
@@ -96,6 +97,9 @@ class Region:
     lost_target: str = ""
     marker: bool = False
     copy: str = ""
+    sup: tuple[Position, ...] = ()  # envelopes the lost bytes superseded (see assess)
+    record: rec.Record | None = None  # the one lost record as it still decodes (unchecked)
+    ids: tuple[str, ...] = ()  # message ids still legible in the damaged bytes
 
     @property
     def records_lost(self) -> bool:
@@ -120,6 +124,9 @@ class SegmentScan:
     torn_at: int | None
     torn_reason: str
     size: int
+    # Frames with one flipped bit, set right: (offset, corrected frame, what it is). They
+    # appear in ``items`` as the frames they were; a repair writes them back.
+    corrections: tuple[tuple[int, bytes, str], ...] = ()
 
     @property
     def regions(self) -> list[Region]:
@@ -135,7 +142,7 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
     recovery decides (``reader.LogCursor``): the scan stops there.
     """
     problem = check_segment_header(data, number, "")
-    if problem is not None and newest and durable_end == 0:
+    if problem is not None and newest and durable_end == 0 and header_blank(data[: fmt.SECTOR]):
         return SegmentScan(number, None, problem, (), 0, problem, len(data))
     salt = _salt_of(data, problem)
     if salt is None:
@@ -147,38 +154,190 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
         items.append((0, header))
     pos = fmt.SEGMENT_HEADER_SIZE
     body_end: tuple[str, int] | None = None  # (msg id, end) of a BODY an envelope announced
+    corrections: list[tuple[int, bytes, str]] = []
     while pos < len(data):
         result = parse_frame(data, pos, salt)
         if isinstance(result, Frame):
-            region = _as_marker(result, number, pos)
-            items.append((pos, region or result))
+            item: Frame | Region = _as_marker(result, number, pos) or result
+            if body_end is not None:  # where the envelope before put its BODY frame
+                item = _set_aside_body(item, result, number, pos, body_end)
+            items.append((pos, item))
             body_end = _announced_body(result, pos)
             pos += result.size
             continue
         reason = getattr(result, "reason", "truncated frame")
         first = pos - pos % fmt.SECTOR
         if newest and pos >= durable_end and looks_torn(data[first:], first, pos, salt):
-            return SegmentScan(number, salt, problem, tuple(items), pos, reason, len(data))
+            return SegmentScan(
+                number, salt, problem, tuple(items), pos, reason, len(data), tuple(corrections)
+            )
         vouched = body_end if body_end is not None and body_end[1] > pos else None
+        pad_end = None if vouched is not None else _padding_end(data, pos, salt)
+        if pad_end is not None:
+            why = f"padding damaged ({reason})"
+            items.append((pos, Region(number, pos, pad_end, RegionKind.PADDING, why)))
+            body_end = None
+            pos = pad_end
+            continue
+        fixed = _correct_in_place(data, pos, salt, vouched)
+        if fixed is not None:
+            frame, what = fixed
+            corrections.append((pos, _frame_bytes(frame, salt), what))
+            items.append((pos, frame))
+            body_end = _announced_body(frame, pos)
+            pos += frame.size
+            continue
         end = _resync(data, pos, salt, vouched[1] if vouched else None)
         items.append((pos, _classify(data, number, pos, end, salt, vouched, reason)))
         body_end = None
         pos = end
-    return SegmentScan(number, salt, problem, tuple(items), None, "", len(data))
+    return SegmentScan(number, salt, problem, tuple(items), None, "", len(data), tuple(corrections))
+
+
+def _padding_end(data: bytes, pos: int, salt: int) -> int | None:
+    """Where a damaged PAD frame at ``pos`` ends, if it is one: its header reads as a PAD
+    and its length holds, by one flipped bit put right or by a payload still all but zero.
+    Then the frames after it are judged on their own."""
+    if pos + fmt.FRAME_HEADER_SIZE > len(data):
+        return None
+    _crc, length, _ftype = fmt.FRAME_HEADER.unpack_from(data, pos)
+    end = pos + fmt.FRAME_HEADER_SIZE + length
+    if length > fmt.FRAME_PAYLOAD_MAX or end > len(data):
+        return None
+    aligned = end % fmt.SECTOR == 0  # a PAD ends its batch on a sector boundary
+    if end < len(data) and not aligned and not isinstance(parse_frame(data, end, salt), Frame):
+        return None  # the length itself may be the damage: let the search find the end
+    corrected = _corrected(data[pos:end], salt)
+    if corrected is not None and isinstance(parse_frame(corrected, 0, salt), Frame):
+        return end if corrected[8] == fmt.T_PAD else None
+    return end if _was_padding(data[pos:end]) else None
+
+
+def _correct_in_place(
+    data: bytes, pos: int, salt: int, vouched: tuple[str, int] | None
+) -> tuple[Frame, str] | None:
+    """The frame at ``pos`` (which fails its check) set right, if one flipped bit explains
+    the failure, with what it is; None otherwise.
+
+    Its extent is taken from its envelope (a BODY frame after its first envelope), or from
+    its own length field (the flip elsewhere), or, failing both, from where the next valid
+    frame starts (the flip in the length). CRC-32C has a Hamming distance of 4 for frames
+    of any size used here, so damage of two bits in one frame is never taken for one:
+    only three or more could be "corrected" wrongly.
+    """
+    ends = []
+    if vouched is not None:
+        ends.append(vouched[1])
+    if pos + fmt.FRAME_HEADER_SIZE <= len(data):
+        length = fmt.FRAME_HEADER.unpack_from(data, pos)[1]
+        ends.append(pos + fmt.FRAME_HEADER_SIZE + length)
+    ends.append(_resync(data, pos, salt, None))
+    for end in dict.fromkeys(e for e in ends if e <= len(data)):
+        fixed = _correct_frame(data[pos:end], salt, vouched[0] if vouched else None)
+        if fixed is not None:
+            return fixed
+    return None
+
+
+def _correct_frame(raw: bytes, salt: int, body_of: str | None) -> tuple[Frame, str] | None:
+    """The frame ``raw`` was, if one flipped bit explains its failed check and the result
+    spans ``raw`` exactly and reads as what belongs there: a record that decodes, or the
+    BODY frame of ``body_of`` (the message whose first envelope precedes it). Padding is
+    never taken (it holds nothing: a damaged PAD is set aside as padding)."""
+    corrected = _corrected(raw, salt)
+    if corrected is None:
+        return None
+    frame = parse_frame(corrected, 0, salt)
+    if not isinstance(frame, Frame) or frame.size != len(raw) or frame.type == fmt.T_PAD:
+        return None
+    if frame.type == fmt.T_BODY:
+        owner = frame.payload[: fmt.MSG_ID_LENGTH].decode("ascii", "replace")
+        if owner != body_of:
+            return None
+        return frame, f"one flipped bit in the body of {owner}"
+    if body_of is not None:
+        return None  # a first envelope's body must follow it
+    try:
+        record = rec.decode(frame.type, frame.payload)
+    except rec.RecordError:
+        return None
+    target = record.target if isinstance(record, rec.Control) else record.msg_id
+    return frame, f"one flipped bit in the {fmt.TYPE_NAMES[frame.type]} record of {target}"
+
+
+def _frame_bytes(frame: Frame, salt: int) -> bytes:
+    return encode_frame(frame.type, frame.payload, salt)
 
 
 def _salt_of(data: bytes, problem: str | None) -> int | None:
-    """The segment's salt: from a good header, or from a damaged one if the first frame
-    checks with the salt it names (the damage hit another field); None if no salt works."""
+    """The segment's salt: from a good header; from a damaged one, the salt its frames
+    check with (module docstring: ``recover_salt``); None if none does."""
     if problem is None:
         return segment_salt(data)
     if len(data) < fmt.SEGMENT_HEADER_SIZE + fmt.FRAME_HEADER_SIZE:
         return None
-    raw = fmt.SEGMENT_HEADER.unpack_from(data)[4]
-    for salt in (raw, 0):
-        if isinstance(parse_frame(data, fmt.SEGMENT_HEADER_SIZE, salt), Frame):
-            return int(salt)
+    return recover_salt(data)
+
+
+def recover_salt(data: bytes) -> int | None:
+    """The salt of a segment whose header is damaged, or None.
+
+    Candidates: the salt field as it reads (the damage hit another field), the one value
+    of that field that makes the header's CRC match (the damage hit the salt), the one
+    salt that makes the first frame's CRC match (both were hit), and 0 (version 1). A CRC
+    is affine in its starting value and in its last four bytes, so each solution is found
+    by elimination over GF(2) (``_solve``), not by search. A candidate counts only if the
+    first frame checks with it and, when the file holds one, the second frame too: any
+    single frame checks with *some* salt, two at random with probability 2^-32.
+    """
+    first = fmt.SEGMENT_HEADER_SIZE
+    head = data[: fmt.SEGMENT_HEADER_SIZE]
+    raw = fmt.SEGMENT_HEADER.unpack_from(head)[4]
+    stored_crc = fmt.SEGMENT_HEADER.unpack_from(head)[5]
+    candidates = [int(raw)]
+    by_header = _solve(lambda x: crc32c(head[:24] + x.to_bytes(4, "little")), stored_crc)
+    if by_header is not None:
+        candidates.append(by_header)
+    crc, length, _ftype = fmt.FRAME_HEADER.unpack_from(data, first)
+    covered = data[first + 4 : first + fmt.FRAME_HEADER_SIZE + length]
+    by_frame = _solve(lambda x: crc32c(covered, x), crc)
+    if by_frame is not None:
+        candidates.append(by_frame)
+    candidates.append(0)
+    for salt in candidates:
+        frame = parse_frame(data, first, salt)
+        if not isinstance(frame, Frame):
+            continue
+        after = first + frame.size
+        if after >= len(data) or isinstance(parse_frame(data, after, salt), Frame):
+            return salt
+        if salt in (raw, by_header):
+            return salt  # the header vouches for it (its CRC, or an intact salt field)
+    for maybe in (int(raw), by_header, 0):
+        # The first frame is damaged too: a valid frame further on confirms a salt.
+        if maybe is not None and _resync(data, first, maybe, None) < len(data):
+            return maybe
     return None
+
+
+def _solve(f: Callable[[int], int], target: int) -> int | None:
+    """The 32-bit x with f(x) == target, for an affine f over GF(2)^32 (a CRC as a function
+    of its starting value or of its last four bytes); None if f is not invertible."""
+    base = f(0)
+    rows = [(f(1 << i) ^ base, 1 << i) for i in range(32)]  # (image of bit i, bit i)
+    want, x = target ^ base, 0
+    for bit in range(31, -1, -1):
+        pivot = next((r for r in rows if r[0] >> bit & 1), None)
+        if pivot is None:
+            continue
+        rows.remove(pivot)
+        rows = [
+            (img ^ pivot[0], src ^ pivot[1]) if img >> bit & 1 else (img, src) for img, src in rows
+        ]
+        if want >> bit & 1:
+            want ^= pivot[0]
+            x ^= pivot[1]
+    return x if want == 0 else None
 
 
 def _announced_body(frame: Frame, pos: int) -> tuple[str, int] | None:
@@ -229,21 +388,74 @@ def _classify(
             return Region(number, start, end, RegionKind.BODY, why, msg_id, size)
         why = f"body of {msg_id} and the records after it damaged ({reason})"
         return Region(number, start, end, RegionKind.BODY_AND_RECORDS, why, msg_id, size)
-    if _was_padding(data[start:end]) or end - start < RECORD_FRAME_MIN:
+    corrected = _corrected(data[start:end], salt)
+    padding = corrected is not None and corrected[8] == fmt.T_PAD
+    if padding or _was_padding(data[start:end]) or end - start < RECORD_FRAME_MIN:
         return Region(number, start, end, RegionKind.PADDING, f"padding damaged ({reason})")
+    ids = tuple(dict.fromkeys(m.decode() for m in _MSG_ID.findall(data[start:end])))
     known = _single_record(data[start:end])
     if known is not None:
-        kind, target = known
+        target = known.target if isinstance(known, rec.Control) else known.msg_id
+        kind = fmt.TYPE_NAMES[rec.encode(known)[0]]
         why = f"one {kind} record of {target} damaged ({reason})"
-        return Region(number, start, end, RegionKind.RECORDS, why, lost=kind, lost_target=target)
-    return Region(number, start, end, RegionKind.RECORDS, f"records damaged ({reason})")
+        return Region(
+            number,
+            start,
+            end,
+            RegionKind.RECORDS,
+            why,
+            lost=kind,
+            lost_target=target,
+            record=known,
+            ids=ids,
+        )
+    why = f"records damaged ({reason})"
+    return Region(number, start, end, RegionKind.RECORDS, why, ids=ids)
 
 
-def _single_record(raw: bytes) -> tuple[str, str] | None:
-    """(kind, message) of the one record ``raw`` held, if its header spans exactly ``raw``
-    and its payload still decodes as a record of the header's type; else None. A flipped
-    type byte makes the payload fail to decode as that type, so the kind is reliable; the
-    message id may itself be damaged, so it is only used to narrow, never to settle."""
+# A message id as records carry it: CBOR text of 16 (0x70) upper-case hex digits.
+_MSG_ID = re.compile(rb"(?<=\x70)[0-9A-F]{16}")
+
+
+# Frames up to this size are searched for a single flipped bit (8 CRC steps a byte).
+CORRECT_MAX = 64 * 1024
+
+
+def _corrected(raw: bytes, salt: int) -> bytes | None:
+    """``raw``, one frame that fails its check, with the one flipped bit that explains the
+    failure put right; None if no single bit does (or the frame is too long to search).
+
+    A CRC is affine, so flipping bit *b* of the byte *k* bytes before the end changes it by
+    a value that depends only on *b* and *k* (the "syndrome"). CRC-32C's Hamming distance
+    is 4 for frames up to 2^31 bits (Koopman), so the syndromes of single bits all differ,
+    and no damage of two bits has one's syndrome: a result is the frame as written unless
+    three or more of its bits flipped.
+    """
+    if not fmt.FRAME_HEADER_SIZE <= len(raw) <= CORRECT_MAX:
+        return None
+    stored = int.from_bytes(raw[:4], "little")
+    covered = raw[4:]
+    syndrome = stored ^ crc32c(covered, salt)
+    if bin(syndrome).count("1") == 1:
+        return raw  # the flip is in the stored CRC: the rest is intact
+    zero = crc32c(b"\0", 0)
+    effects = [crc32c(bytes([1 << b]), 0) ^ zero for b in range(8)]
+    for k in range(len(covered)):
+        if syndrome in effects:
+            fixed = bytearray(covered)
+            fixed[len(covered) - 1 - k] ^= 1 << effects.index(syndrome)
+            return raw[:4] + bytes(fixed)
+        effects = [crc32c(b"\0", e) ^ zero for e in effects]  # one more byte after it
+    return None
+
+
+def _single_record(raw: bytes) -> rec.Record | None:
+    """The one record ``raw`` held, if its header spans exactly ``raw`` and its payload
+    still decodes as a record of the header's type; else None. A flipped type byte makes
+    the payload fail to decode as that type, so the kind is reliable; the content may hold
+    the damage (a flipped letter of an address), so it is never trusted to settle mail,
+    only to narrow what may have been lost, or to restore a message *held* for the
+    operator to check."""
     if len(raw) < fmt.FRAME_HEADER_SIZE:
         return None
     _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(raw)
@@ -252,11 +464,9 @@ def _single_record(raw: bytes) -> tuple[str, str] | None:
     if ftype in (fmt.T_BODY, fmt.T_PAD):
         return None
     try:
-        record = rec.decode(ftype, raw[fmt.FRAME_HEADER_SIZE :])
+        return rec.decode(ftype, raw[fmt.FRAME_HEADER_SIZE :])
     except rec.RecordError:
         return None
-    target = record.target if isinstance(record, rec.Control) else record.msg_id
-    return fmt.TYPE_NAMES[ftype], target
 
 
 def _was_padding(raw: bytes) -> bool:
@@ -268,6 +478,22 @@ def _was_padding(raw: bytes) -> bool:
     payload = raw[fmt.FRAME_HEADER_SIZE :]
     nonzero = len(payload) - payload.count(0)
     return ftype == fmt.T_PAD and length == len(payload) and nonzero <= 8
+
+
+def _set_aside_body(
+    item: Frame | Region, frame: Frame, number: int, pos: int, body: tuple[str, int]
+) -> Frame | Region:
+    """The body an earlier repair set aside right after its first envelope: a ``damaged``
+    marker with ``body`` (its ``tgt`` may be empty: the envelope names the message), or,
+    where no marker fitted, a PAD frame of exactly the announced BODY frame's size (the
+    writer never puts padding between a first envelope and its body)."""
+    msg_id, end = body
+    if isinstance(item, Region) and item.marker and item.body_bytes:
+        return attrs.evolve(item, body_of=msg_id)
+    if frame.type == fmt.T_PAD and pos + frame.size == end:
+        why = "set aside by an earlier repair"
+        return Region(number, pos, end, RegionKind.BODY, why, msg_id, frame.size, marker=True)
+    return item
 
 
 def _as_marker(frame: Frame, number: int, pos: int) -> Region | None:
@@ -282,7 +508,7 @@ def _as_marker(frame: Frame, number: int, pos: int) -> Region | None:
         return None
     end = pos + frame.size
     why = "set aside by an earlier repair"
-    if record.target and record.body:
+    if record.body:
         kind = RegionKind.BODY if record.body >= frame.size else RegionKind.BODY_AND_RECORDS
         return Region(
             number, pos, end, kind, why, record.target, record.body, marker=True, copy=record.copy
@@ -298,6 +524,7 @@ def _as_marker(frame: Frame, number: int, pos: int) -> Region | None:
         lost_target=lost_target,
         marker=True,
         copy=record.copy,
+        sup=record.sup,
     )
 
 
@@ -306,28 +533,50 @@ def _as_marker(frame: Frame, number: int, pos: int) -> Region | None:
 
 def replacement(region: Region, salt: int, at: float, copy: str) -> bytes:
     """The bytes a repair writes in place of ``region``: a ``damaged`` marker frame of
-    exactly its size, or a PAD frame where nothing of value was lost (or no marker fits)."""
+    exactly its size, as informative as fits (with the copy's name, then without, then
+    saying only how much body it held), or a PAD frame where nothing of value was lost.
+
+    A damaged body too small for even the last marker is replaced by a PAD frame of its
+    size, which after a first envelope stands for its body (``_set_aside_body``). A records
+    region is never that small (``RECORD_FRAME_MIN`` > the last marker's size)."""
     size = region.end - region.start
-    if region.kind is not RegionKind.PADDING and size >= RECORD_FRAME_MIN:
-        target = region.body_of or region.lost_target
-        marker = rec.Control(rec.DAMAGED, target, at, region.body_bytes, copy, region.lost)
+    if region.kind is RegionKind.PADDING:
+        return pad_frame(size, salt)
+    target = region.body_of or region.lost_target
+    when = int(at)  # an integer time is valid and takes 5 bytes, not 9
+    body, lost, sup = region.body_bytes, region.lost, region.sup
+    for marker in (
+        rec.Control(rec.DAMAGED, target, when, body, copy, lost, sup),
+        rec.Control(rec.DAMAGED, target, when, body, "", lost, sup),
+        rec.Control(rec.DAMAGED, "", 0, body, "", lost, sup),
+        rec.Control(rec.DAMAGED, "", 0, body, "", "", sup),  # sup is never dropped
+    ):
         payload = _sized_marker(marker, size - fmt.FRAME_HEADER_SIZE)
         if payload is not None:
             return encode_frame(fmt.T_CONTROL, payload, salt)
-    return pad_frame(size, salt)
+    if region.kind is RegionKind.BODY and size == body and not sup:
+        return pad_frame(size, salt)
+    raise ValueError(f"no marker fits the damaged region {region}")
 
 
 def _sized_marker(marker: rec.Control, size: int) -> bytes | None:
-    """The marker's CBOR map with a ``pad`` byte string that makes it exactly ``size``
-    bytes (readers ignore unknown keys), or None if no padding fits."""
+    """The marker's CBOR map made exactly ``size`` bytes, or None if it cannot be.
+
+    Readers ignore unknown keys, so a filler (a text ``_`` or a byte string ``pad``) takes
+    up the slack; the time's integer width (0, 24, 256: one, two or three bytes) covers the
+    sizes a filler cannot reach (it costs at least three bytes)."""
     base = rec.control_map(marker)
-    for extra in ({}, {"_": ""}):  # a filler key steps over a CBOR length-prefix boundary
-        empty = len(cbor2.dumps({**base, **extra, "pad": b""}))
-        need = size - empty
-        for k in range(max(0, need - 8), need + 1):
-            payload = cbor2.dumps({**base, **extra, "pad": bytes(k)})
-            if len(payload) == size:
-                return payload
+    for when in (base["ts"], 0, 24, 256):
+        obj = {**base, "ts": when}
+        plain = cbor2.dumps(obj)
+        if len(plain) == size:
+            return plain
+        for key, unit in (("_", "x"), ("pad", b"\0")):
+            need = size - len(cbor2.dumps({**obj, key: unit[:0]}))
+            for k in range(max(0, need - 8), need + 1):
+                payload = cbor2.dumps({**obj, key: unit * k})
+                if len(payload) == size:
+                    return payload
     return None
 
 
@@ -343,6 +592,7 @@ class Verdict(enum.Enum):
     BODY_LOST = "body lost"  # fail the pending recipients
     RECORDS_LOST = "records possibly lost"  # hold for the operator
     ENVELOPE_LOST = "envelope lost"  # recovery finishes it (R5), or nothing is left
+    ENVELOPE_DAMAGED = "envelope damaged"  # restore it held, as it still decodes
 
 
 @attrs.frozen
@@ -387,6 +637,8 @@ class Assessment:
         self.suspects: dict[str, Region] = {}
         self.lost_envelopes: dict[str, Region] = {}
         self.lone_bodies: dict[str, Region] = {}
+        self.lost_starts: dict[tuple[int, int], list[Position]] = {}  # region -> envelopes
+        self.lost_envelopes_of: dict[str, Region] = {}  # one lost envelope record each
         self.previous: tuple[Position, Frame | Region] | None = None
 
     def region_at(self, at: Position) -> Region | None:
@@ -408,16 +660,40 @@ class Assessment:
 
     def _region(self, pos: Position, region: Region) -> None:
         self.regions.append(region)
+        for state in self.live.values():
+            if state.envelope_at in region.sup:
+                state.started = True  # a repair recorded that a lost start used it up
         if region.body_of:
             self.lost_bodies[pos] = region
         if not region.records_lost:
             return
         target = self.live.get(region.lost_target)
-        if region.lost in (_ENVELOPE, _FINISH, _CONTROL):
-            # Safe to lose alone: a replacement envelope's attempt is rebuilt by recovery
-            # from its start and deltas (a first envelope's body, if it follows, is named
-            # as a lone body); a finish likewise; an outcome acknowledgement costs at most
-            # a second bounce.
+        if region.lost == _ENVELOPE:
+            # Unless a later envelope or finish of the message re-establishes it, this was
+            # the envelope that carried it on (a first one; or a replacement that settled an
+            # attempt whose own envelope may be long deleted): it is restored, held, or
+            # named as lost (verdicts).
+            self.lost_envelopes_of.setdefault(region.lost_target, region)
+            return
+        if region.lost in (_FINISH, _CONTROL):
+            # Safe to lose alone: the attempt a finish closed is decided again by recovery
+            # from its start and deltas; a lost outcome acknowledgement costs at most a
+            # second bounce.
+            return
+        started = region.record if isinstance(region.record, rec.Start) else None
+        exact = (
+            started is not None
+            and target is not None
+            and not target.started
+            and target.envelope_at == started.envelope_at
+        )
+        if exact and started is not None and target is not None:
+            # The lost start is known exactly and names the message's live envelope: the
+            # repair's marker carries it (``sup``), and recovery takes the marker for that
+            # start, so the deltas after it count as they did.
+            target.started = True
+            key = (region.segment, region.start)
+            self.lost_starts.setdefault(key, []).append(started.envelope_at)
             return
         # A lost start endangers the message it started (if that is still unstarted here),
         # a lost delta the attempt it belongs to (if that is in flight here).
@@ -438,6 +714,8 @@ class Assessment:
 
     def _record(self, pos: Position, frame: Frame, record: rec.Record) -> None:
         if isinstance(record, rec.Envelope):
+            if record.supersedes is not None:
+                self._passed_over(self.live.get(record.msg_id), record.supersedes)
             body = record.body
             if body.kind == rec.BODY_INLINE and body.at is None:
                 body = rec.BodyRef(
@@ -447,6 +725,7 @@ class Assessment:
             self._reestablished(record.msg_id)
         elif isinstance(record, rec.Start):
             state = self.live.get(record.msg_id)
+            self._passed_over(state, record.envelope_at)
             lost = self.region_at(record.envelope_at)
             if lost is not None:
                 self.lost_envelopes[record.msg_id] = lost
@@ -462,13 +741,34 @@ class Assessment:
                 # A delta of an attempt whose start was never seen: the start was lost.
                 self.suspects.setdefault(record.msg_id, self.regions[-1])
         elif isinstance(record, rec.Finish):
-            self.live.pop(record.msg_id, None)
+            state = self.live.pop(record.msg_id, None)
+            if state is not None and not state.started and state.envelope_at is not None:
+                self._start_was_lost(state.envelope_at)
             self._reestablished(record.msg_id)
             self.lost_envelopes.pop(record.msg_id, None)
+
+    def _passed_over(self, state: _Live | None, named: Position) -> None:
+        """A record of a message moves on from ``named``; if the message's live envelope
+        is another one, not yet started, something that superseded it (a start, an
+        operator's replacement) was lost in damage since, and must be said to have."""
+        if state is None or state.started or state.envelope_at is None:
+            return
+        if state.envelope_at != named:
+            self._start_was_lost(state.envelope_at)
+
+    def _start_was_lost(self, envelope_at: Position) -> None:
+        """A finish of a message whose live envelope no start named: the start was in
+        damage after the envelope. The repair's marker for that damage must say that the
+        envelope is used up, or the runner of its class would hand it out again."""
+        after = [r for r in self.regions if (r.segment, r.start) > envelope_at]
+        if after:
+            key = (after[-1].segment, after[-1].start)
+            self.lost_starts.setdefault(key, []).append(envelope_at)
 
     def _reestablished(self, msg_id: str) -> None:
         self.suspects.pop(msg_id, None)
         self.lone_bodies.pop(msg_id, None)
+        self.lost_envelopes_of.pop(msg_id, None)
 
     def verdicts(self) -> list[Affected]:
         out: list[Affected] = []
@@ -491,11 +791,32 @@ class Assessment:
                 out.append(
                     Affected(msg_id, Verdict.RECORDS_LOST, self.suspects[msg_id], True, held)
                 )
+        for msg_id, region in self.lost_envelopes_of.items():
+            flying = self.live.get(msg_id)
+            if msg_id in self.lone_bodies:
+                continue
+            if flying is not None and flying.started and flying.envelope is not None:
+                # In flight from an envelope that is still there: recovery rebuilds the
+                # replacement that was lost from that envelope and the deltas.
+                continue
+            live = flying is not None
+            out = [a for a in out if a.msg_id != msg_id]  # restoring it settles the rest
+            out.append(attrs.evolve(_lost_envelope(msg_id, region), live=live))
         for msg_id, region in self.lone_bodies.items():
             if msg_id not in self.live:
-                detail = "sender and recipients unknown; its data is in the copy in corrupt/"
-                out.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
+                envelope = self.lost_envelopes_of.get(msg_id, region)
+                out.append(_lost_envelope(msg_id, envelope))
         return sorted(out, key=lambda a: a.msg_id)
+
+
+def _lost_envelope(msg_id: str, region: Region) -> Affected:
+    """A message whose only envelope was in damaged bytes: restored held if the record
+    still decodes as its envelope, else named as lost."""
+    if isinstance(region.record, rec.Envelope) and region.record.msg_id == msg_id:
+        detail = "restored, held, from the damaged envelope: check its sender and recipients"
+        return Affected(msg_id, Verdict.ENVELOPE_DAMAGED, region, False, False, detail)
+    detail = "sender and recipients unknown; the damaged bytes are in the copy in corrupt/"
+    return Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail)
 
 
 def regions_of(scans: Iterable[SegmentScan]) -> Iterator[Region]:

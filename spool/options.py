@@ -29,7 +29,6 @@ Errors:
 from __future__ import annotations
 
 import enum
-import math
 import os
 from collections.abc import Iterable
 from typing import Any, Final, Literal
@@ -101,14 +100,19 @@ def _whole(low: int, high: int) -> Any:
     return check
 
 
+SECONDS_MAX: Final = 1e9  # about 31 years: beyond it, a duration is a mistake
+
+
 def _seconds(inst: object, attribute: attrs.Attribute[float], value: object) -> None:
     if (
         not isinstance(value, int | float)
         or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= 0
+        or not 0 < value <= SECONDS_MAX
     ):
-        raise SpoolMisuse(f"{attribute.name} must be a positive number of seconds, not {value!r}")
+        raise SpoolMisuse(
+            f"{attribute.name} must be a number of seconds above 0 and at most "
+            f"{SECONDS_MAX:.0e}, not {value!r}"
+        )
 
 
 def _intervals(value: object) -> tuple[float, ...]:
@@ -116,8 +120,7 @@ def _intervals(value: object) -> tuple[float, ...]:
         raise SpoolMisuse(f"retry_intervals must be a list of seconds, not {value!r}")
     out = tuple(value)
     if not 1 <= len(out) <= RETRY_CLASSES_MAX or not all(
-        isinstance(i, int | float) and not isinstance(i, bool) and math.isfinite(i) and i > 0
-        for i in out
+        isinstance(i, int | float) and not isinstance(i, bool) and 0 < i <= SECONDS_MAX for i in out
     ):
         raise SpoolMisuse(
             f"retry_intervals must be 1 to {RETRY_CLASSES_MAX} positive numbers of seconds, "
@@ -127,14 +130,20 @@ def _intervals(value: object) -> tuple[float, ...]:
 
 
 def _archive(value: object) -> str | None:
+    """A path, kept as given: a relative one is relative to the spool directory (not to
+    the opener's working directory, which differs between the owner and the CLI)."""
     if value is None:
         return None
     if not isinstance(value, str | os.PathLike):
         raise SpoolMisuse(f"archive_dir must be a path or None, not {value!r}")
     path = os.fspath(value)
-    if not isinstance(path, str) or not path:
-        raise SpoolMisuse(f"archive_dir must be a non-empty path, not {value!r}")
-    return os.path.abspath(path)
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise SpoolMisuse(f"archive_dir must be a non-empty path without NUL, not {value!r}")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        raise SpoolMisuse(f"archive_dir is not a path this system can name: {value!r}") from None
+    return os.path.normpath(path)
 
 
 def _boolean(inst: object, attribute: attrs.Attribute[bool], value: object) -> None:
@@ -156,6 +165,7 @@ class SpoolOptions:
     max_lifetime: float = attrs.field(default=DEFAULT_MAX_LIFETIME, validator=_seconds)
     crash_limit: int = attrs.field(default=3, validator=_whole(1, 1000))
     outcomes: bool = attrs.field(default=False, validator=_boolean)
+    # Relative to the spool directory when relative (``Spool.archive_path``).
     archive_dir: str | None = attrs.field(default=None, converter=_archive)
     segment_size: int = attrs.field(
         default=DEFAULT_SEGMENT_SIZE, validator=_whole(SEGMENT_SIZE_MIN, SIZE_MAX)

@@ -48,6 +48,8 @@ class RestartPositions:
     ``outcome_front``: finish records before it have had their outcomes acknowledged;
     ``outcome_acked``: messages whose finish lies after the front and was acknowledged.
     ``retry_intervals``: the owner's, so that offline tools can tell when mail is due.
+    ``settings``: a copy of the spool's recorded settings (``options.py``), from which
+    ``spool check --repair`` restores a damaged settings file.
     """
 
     consistent: Position
@@ -60,6 +62,7 @@ class RestartPositions:
     written_at: float
     outcome_acked: frozenset[str] = frozenset()
     retry_intervals: tuple[float, ...] = ()
+    settings: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
     def to_obj(self) -> dict[str, Any]:
         return {
@@ -74,6 +77,7 @@ class RestartPositions:
             "outcome_acked": sorted(self.outcome_acked),
             "retry_intervals": list(self.retry_intervals),
             "written_at": self.written_at,
+            **({"settings": self.settings} if self.settings else {}),
         }
 
     @classmethod
@@ -91,6 +95,7 @@ class RestartPositions:
             written_at=float(obj["written_at"]),
             outcome_acked=frozenset(str(m) for m in obj["outcome_acked"]),
             retry_intervals=tuple(float(i) for i in obj.get("retry_intervals", ())),
+            settings=dict(obj.get("settings", {})),
         )
 
 

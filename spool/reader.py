@@ -65,6 +65,11 @@ def segment_salt(header: bytes) -> int:
     return 0 if version == 1 else int(salt)
 
 
+def header_blank(first_sector: bytes) -> bool:
+    """Whether a segment's first sector (or what there is of it) is all zeros."""
+    return not first_sector.strip(b"\0")
+
+
 def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:
     """Whether bad bytes at ``offset`` of a segment look like an interrupted last write.
 
@@ -184,11 +189,22 @@ class LogCursor:
             durable = self._limit if durable is None else max(durable, self._limit)
         newest = self._newest
         if (durable is None or at >= durable) and (newest is None or at.segment >= newest):
-            if at.offset < fmt.SEGMENT_HEADER_SIZE or self._looks_torn(at.offset, file_size):
+            if at.offset < fmt.SEGMENT_HEADER_SIZE:
+                torn = self._header_blank(file_size)
+            else:
+                torn = self._looks_torn(at.offset, file_size)
+            if torn:
                 self.torn = TornTail(at, file_size, reason)
                 raise _Stop
             reason += "; valid frames follow it, so this is damage, not a torn write"
         raise CorruptSpool(self.path(at.segment), at.offset, reason)
+
+    def _header_blank(self, file_size: int) -> bool:
+        """Whether a bad header is a segment created but never written: its first sector
+        all zeros (sectors are written whole, fault model 5). A header sector that holds
+        anything else was written, so its bad check is damage, not a tear."""
+        assert self._fd is not None
+        return header_blank(self._fs.pread(self._fd, min(fmt.SECTOR, file_size), 0))
 
     def _looks_torn(self, offset: int, file_size: int) -> bool:
         """``looks_torn`` for the open segment (``offset`` inside it)."""

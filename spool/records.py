@@ -176,8 +176,10 @@ class Control:
     ``spool check --repair`` in place of damaged bytes (``damage.py``): its frame covers
     exactly those bytes; ``body`` is how many of them were ``target``'s BODY frame (0 if
     none), ``lost`` the kind of the one record the bytes held when that is known
-    (``envelope``, ``start``, ...; ``target`` is then its message), and ``copy`` names the
-    copy of the damaged segment in ``corrupt/``.
+    (``envelope``, ``start``, ...; ``target`` is then its message), ``sup`` the envelopes the
+    lost bytes superseded (a lost START of a message that finished later: nothing else
+    says its envelope is used up), and ``copy`` names the copy of the damaged segment in
+    ``corrupt/``.
     """
 
     action: str
@@ -186,6 +188,7 @@ class Control:
     body: int = 0
     copy: str = ""
     lost: str = ""
+    sup: tuple[Position, ...] = ()
 
 
 OUTCOME_ACK: Final = "outcome-ack"
@@ -266,6 +269,8 @@ def control_map(record: Control) -> dict[str, Any]:
         obj["copy"] = record.copy
     if record.lost:
         obj["lost"] = record.lost
+    if record.sup:
+        obj["sup"] = [p.to_list() for p in record.sup]
     return obj
 
 
@@ -306,6 +311,12 @@ def _int(obj: Any) -> int:
     if not isinstance(obj, int) or isinstance(obj, bool) or obj < 0:
         raise RecordError(f"expected a non-negative integer, got {obj!r}")
     return obj
+
+
+def _positions(obj: Any) -> tuple[Position, ...]:
+    if not isinstance(obj, list):
+        raise RecordError(f"bad position list {obj!r}")
+    return tuple(Position.from_obj(p) for p in obj)
 
 
 def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
@@ -358,6 +369,7 @@ def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
             body=_int(obj.get("body", 0)),
             copy=_str(obj.get("copy", "")),
             lost=_str(obj.get("lost", "")),
+            sup=_positions(obj.get("sup", [])),
         )
     raise RecordError(f"frame type {ftype} carries no record")
 

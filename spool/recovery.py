@@ -28,6 +28,7 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import os
@@ -240,6 +241,8 @@ def recover(
                 acked.add(record.target)
             elif isinstance(record, rec.Control) and record.action == rec.DAMAGED:
                 damaged.append((pos, frame.size))
+                superseded.update(record.sup)  # envelopes the lost bytes had used up
+                _lost_start(fs, log_dir, record, pos, working)
             elif isinstance(record, rec.Finish) and after and record.body.kind == rec.BODY_FILE:
                 dead_bodies.append(record.msg_id)
     finally:
@@ -255,7 +258,7 @@ def recover(
     cursors = list(positions.cursors) if positions else [Position(segments[0], 0)] * n_classes
     low = min(cursors)
     superseded = {p for p in superseded if p >= low}
-    to_write, held = _decide_all(fs, log_dir, working, damaged, options, clock())
+    to_write, held = _decide_all(fs, log_dir, working, damaged, segments[0], options, clock())
     live = [w.start_at for w in working.values() if not w.settled]
     report = RecoveryReport(
         positions_used=positions is not None,
@@ -334,16 +337,21 @@ def _is_body_after(
     env_size: int,
 ) -> bool:
     """Whether ``frame`` at ``pos`` is the body of the first envelope ``env`` before it:
-    its BODY frame, or the ``damaged`` marker a repair wrote in place of that frame."""
+    its BODY frame, or what a repair wrote in place of that frame (``is_damaged_body``)."""
     if pos != Position(env_at.segment, env_at.offset + env_size):
         return False
     if isinstance(frame, SkippedBody) or frame.type == fmt.T_BODY:
         return True
-    return is_damaged_body(frame, env.msg_id)
+    return is_damaged_body(frame, env)
 
 
-def is_damaged_body(frame: Frame, msg_id: str) -> bool:
-    """Whether ``frame`` is the marker ``spool check --repair`` left for ``msg_id``'s body."""
+def is_damaged_body(frame: Frame, env: rec.Envelope) -> bool:
+    """Whether ``frame``, right after the first envelope ``env``, is what ``spool check
+    --repair`` left in place of its damaged BODY frame: a ``damaged`` marker with ``body``
+    (naming the message or no message), or a PAD frame of exactly the BODY frame's size,
+    where no marker fitted (the writer never pads between an envelope and its body)."""
+    if frame.type == fmt.T_PAD:
+        return frame.size == fmt.FRAME_HEADER_SIZE + fmt.MSG_ID_LENGTH + env.body.size
     if frame.type != fmt.T_CONTROL:
         return False
     try:
@@ -353,7 +361,7 @@ def is_damaged_body(frame: Frame, msg_id: str) -> bool:
     return (
         isinstance(record, rec.Control)
         and record.action == rec.DAMAGED
-        and record.target == msg_id
+        and record.target in ("", env.msg_id)
         and record.body > 0
     )
 
@@ -427,6 +435,7 @@ def _decide_all(
     log_dir: str,
     working: dict[str, _Working],
     damaged: list[tuple[Position, int]],
+    first_segment: int,
     options: SpoolOptions,
     now: float,
 ) -> tuple[list[rec.Record], int]:
@@ -437,10 +446,13 @@ def _decide_all(
     for msg_id, w in sorted(working.items(), key=lambda kv: kv[1].start_at):
         if w.settled:
             continue
-        if _in_damaged(w.envelope_at, damaged):
-            # R5: the envelope is gone (media damage, set aside by a repair that named this
-            # message). Its recipients are unknown but for those the deltas settled: finish
-            # it with those, so that it is never attempted from a guess.
+        retired = w.envelope_at.segment < first_segment
+        marked_after = any(at > w.start_at for at, _size in damaged)
+        if _in_damaged(w.envelope_at, damaged) or (retired and marked_after):
+            # R5: the envelope is gone: in bytes a repair set aside, or (its attempt's
+            # settling record set aside after the start) in a segment retired since. Its
+            # recipients are unknown but for those the deltas settled: finish it with
+            # those, so that it is never attempted from a guess.
             assert decide(False, True, False, False).decision is Decision.FINISH_LOST
             outcomes = tuple(
                 rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items()
@@ -486,6 +498,26 @@ def _decide_all(
         )
         held += hold
     return out, held
+
+
+def _lost_start(
+    fs: FileSystem,
+    log_dir: str,
+    marker: rec.Control,
+    pos: Position,
+    working: dict[str, _Working],
+) -> None:
+    """A repair's marker for a START it identified exactly stands for that start: the
+    attempt it began is working from here, so its deltas after the marker count."""
+    if marker.lost != "start" or len(marker.sup) != 1:
+        return
+    try:
+        frame = read_frame_at(fs, log_dir, marker.sup[0])
+        env = rec.decode(frame.type, frame.payload)
+    except (CorruptSpool, rec.RecordError):
+        return  # no envelope there (any more): R5 or the plain rules decide
+    if isinstance(env, rec.Envelope):
+        working[env.msg_id] = _Working(pos, marker.sup[0], env.klass)
 
 
 def _in_damaged(at: Position, damaged: list[tuple[Position, int]]) -> bool:
@@ -539,13 +571,17 @@ def _quarantine_tail(fs: FileSystem, root: str, path: str, at: Position) -> None
     corrupt = os.path.join(root, fmt.CORRUPT_DIR)
     if not os.path.isdir(corrupt):
         fs.mkdir(corrupt, 0o700)
-    name = f"{os.path.basename(path)}.{at.offset}.torn"
-    out = fs.open(os.path.join(corrupt, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    name = os.path.join(corrupt, f"{os.path.basename(path)}.{at.offset}.torn")
+    out = fs.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         # A crash before these syncs may lose the copy; the tail is still in the segment
         # (it is cut only after this returns), so the next recovery copies it again.
         fs.pwrite(out, tail, 0)
         fs.fdatasync(out)
+    except OSError:
+        with contextlib.suppress(OSError):
+            fs.unlink(name)  # no partial copy left behind (a full disk, say)
+        raise
     finally:
         fs.close(out)
     fs.fsync_dir(corrupt)

@@ -46,7 +46,7 @@ import attrs
 from spool import format as fmt
 from spool import records as rec
 from spool.addresses import check_mailbox, check_sender, mailbox_key
-from spool.arguments import check_msg_id, check_text
+from spool.arguments import check_msg_id, check_seconds, check_text
 from spool.bodies import read_body, read_inline_body, write_body_file
 from spool.errors import (
     BadSpoolDirectory,
@@ -77,7 +77,7 @@ from spool.reader import list_segments, read_frame_at
 from spool.records import Position
 from spool.recovery import RecoveredState, RecoveryReport, recover, resolve_body
 from spool.runners import NotDue, Runner
-from spool.writer import LogWriter, Part
+from spool.writer import WAIT_MAX, LogWriter, Part
 
 UNREPORTED_REPLY: Final = "451 4.4.0 delivery attempt ended without a result"
 EXPIRED_REPLY: Final = "554 5.4.7 message expired: too long in the queue"
@@ -276,21 +276,46 @@ class Spool:
         self._pid = os.getpid()
         self._log_dir = os.path.join(path, fmt.LOG_DIR)
         self._body_dir = os.path.join(path, fmt.BODY_DIR)
+        named = given.get("archive_dir", RECORDED)
+        if named is not RECORDED and named is not None:
+            # An archive the caller names must work before anything is made or recorded.
+            self._prepare_archive(os.path.normpath(os.path.join(path, os.fspath(named))))
         self._prepare_directory()
         self._owner = OwnerLock(fs, os.path.join(path, fmt.LOCK_NAME), path)
         try:
             self.options = self._settle_options(given)
-            if self.options.archive_dir is not None:
-                self._prepare_archive(self.options.archive_dir)
-            self._recover_and_start()
+            try:
+                self._recover_and_start()
+            except OSError as exc:
+                raise _environment_error(f"recovering {path}", exc) from exc
         except BaseException:
-            self._owner.release()
+            self._abort_open()
             raise
 
+    def _abort_open(self) -> None:
+        """Undo a failed open: stop what was started, release the lock (never raises)."""
+        # The checkpoint thread starts last, so a failed open never has one.
+        parts = [getattr(self, "_writer", None), getattr(self, "_outcomes", None)]
+        for part in [*parts, *getattr(self, "_runners", ())]:
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    part.close()
+        self._owner.release()
+
     def _settle_options(self, given: dict[str, Any]) -> SpoolOptions:
-        """The options of this open, with the settings recorded if they changed (lock held)."""
+        """The options of this open, with the settings recorded if they changed (lock held).
+
+        Settings that cannot work (an archive directory that cannot be made) are refused
+        before they are recorded, so a refused open changes nothing."""
         recorded = load_settings(self._fs, self.path)
         options = resolve_options(recorded, given)
+        self.archive_path = (
+            None
+            if options.archive_dir is None
+            else os.path.normpath(os.path.join(self.path, options.archive_dir))
+        )
+        if self.archive_path is not None:
+            self._prepare_archive(self.archive_path)
         has_file = os.path.exists(os.path.join(self.path, fmt.SETTINGS_NAME))
         if not has_file or resolve_options(recorded, {}).settings() != options.settings():
             try:
@@ -326,7 +351,8 @@ class Spool:
                 # The new name is durable only once its parent directory is fsynced (fault
                 # model 4); until then nothing is written inside, so a crash loses nothing
                 # acknowledged.
-                self._fs.mkdir(path, 0o700)
+                with contextlib.suppress(FileExistsError):  # another opener made it first
+                    self._fs.mkdir(path, 0o700)
                 self._fs.fsync_dir(parent)
             except OSError as exc:
                 raise BadSpoolDirectory(path, f"cannot create it: {exc.strerror or exc}") from exc
@@ -349,7 +375,8 @@ class Spool:
                 # A crash before the fsync below may lose the new directory; the next open
                 # creates it again. Nothing is written into it before this fsync returns.
                 try:
-                    self._fs.mkdir(sub_path, 0o700)
+                    with contextlib.suppress(FileExistsError):  # a racing opener made it
+                        self._fs.mkdir(sub_path, 0o700)
                     self._fs.fsync_dir(path)
                 except OSError as exc:
                     raise BadSpoolDirectory(
@@ -357,10 +384,20 @@ class Spool:
                     ) from exc
 
     def _prepare_archive(self, archive_dir: str) -> None:
+        """Create the archive directory (and its parents) if it does not exist yet."""
         if os.path.isdir(archive_dir):
+            if not os.access(archive_dir, os.W_OK | os.X_OK):
+                raise BadSpoolDirectory(archive_dir, "the archive directory is not writable")
             return
+        if os.path.exists(archive_dir):
+            raise BadSpoolDirectory(archive_dir, "the archive path exists and is not a directory")
+        parent = os.path.dirname(os.path.abspath(archive_dir))
         try:
-            os.makedirs(archive_dir, mode=0o700, exist_ok=True)
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            # Nothing is archived into it before this returns; a crash before the parent's
+            # fsync may lose the new directory, and the next open creates it again.
+            self._fs.mkdir(archive_dir, 0o700)
+            self._fs.fsync_dir(parent)
         except OSError as exc:
             raise BadSpoolDirectory(
                 archive_dir, f"cannot create the archive directory: {exc.strerror or exc}"
@@ -499,6 +536,10 @@ class Spool:
     def _check_recipients(self, recipients: Iterable[str]) -> tuple[str, ...]:
         if isinstance(recipients, str | bytes):
             raise InvalidMessage("recipients must be a list of addresses, not one string")
+        if not isinstance(recipients, Iterable) or isinstance(recipients, dict):
+            raise InvalidMessage(
+                f"recipients must be a list of addresses, not {type(recipients).__name__}"
+            )
         rcpts = tuple(recipients)
         if not rcpts:
             raise InvalidMessage("a message needs at least one recipient")
@@ -537,7 +578,7 @@ class Spool:
         fresh and deferred mail; never hands a message to two attempts at once.
         """
         self._check_process()
-        deadline = time.monotonic() + (timeout or 0.0)
+        deadline = time.monotonic() + check_seconds(timeout, "timeout")
         synced = False
         while True:
             with self._lock:
@@ -555,7 +596,7 @@ class Spool:
                         return None
                     if attempt_or_wake is not None:
                         left = min(left, max(0.001, attempt_or_wake - self._clock()))
-                    self._cond.wait(left)
+                    self._cond.wait(min(left, WAIT_MAX))
                     continue
             # Runners read only the durable log. Replacement envelopes are written without
             # waiting; when nothing else is due, flush them so due mail is never missed.
@@ -564,6 +605,7 @@ class Spool:
 
     def attempts(self, poll: float = 1.0) -> Iterator[Attempt]:
         """Yield attempts forever, until the spool closes (for worker loops)."""
+        check_seconds(poll, "poll")
         while True:
             try:
                 attempt = self.claim(timeout=poll)
@@ -927,6 +969,7 @@ class Spool:
             written_at=self._clock(),
             outcome_acked=acked,
             retry_intervals=self.retry_intervals,
+            settings={**self.options.settings(), "retry_intervals": list(self.retry_intervals)},
         )
 
     def _remove_bodies(self, msg_ids: list[str]) -> None:
@@ -947,8 +990,8 @@ class Spool:
             # this loop leaves only retired segments, which recovery ignores and the next
             # checkpoint deletes (or archives) again.
             path = os.path.join(self._log_dir, fmt.segment_name(seg))
-            if self.options.archive_dir is not None:
-                archive_file(self._fs, path, self.options.archive_dir)
+            if self.archive_path is not None:
+                archive_file(self._fs, path, self.archive_path)
             else:
                 self._fs.unlink(path)
             self._counts["segments_deleted"] += 1
@@ -980,7 +1023,7 @@ class Spool:
         """
         self._check_process()
         self._check_outcomes()
-        deadline = time.monotonic() + (timeout or 0.0)
+        deadline = time.monotonic() + check_seconds(timeout, "timeout")
         while True:
             with self._lock:
                 self._check_open()
@@ -992,7 +1035,7 @@ class Spool:
                 if not behind:
                     if left <= 0:
                         return None
-                    self._cond.wait(left)
+                    self._cond.wait(min(left, WAIT_MAX))
                     continue
             # Finish records are bookkeeping, written without waiting; an outcome is
             # handed out only once its finish is durable, so flush them now.
@@ -1000,6 +1043,7 @@ class Spool:
 
     def outcomes(self, poll: float = 1.0) -> Iterator[MessageOutcome]:
         """Yield outcomes forever, until the spool closes."""
+        check_seconds(poll, "poll")
         while True:
             try:
                 outcome = self.next_outcome(timeout=poll)
@@ -1193,6 +1237,41 @@ class Spool:
         self._cond.notify_all()
         return end
 
+    def _restore_envelope(
+        self, env: rec.Envelope, data: bytes, replaces: Position, reason: str
+    ) -> None:
+        """Queue ``env`` again, held with ``reason``, its body ``data`` in a body file.
+
+        For ``spool check --repair`` only: ``env`` was read from a record that failed its
+        check (``replaces`` is where the repair's marker now stands) and nothing after it
+        carries the message on. It may hold the damage, so it waits, held, for the
+        operator. It supersedes what ``env`` superseded (so no earlier envelope comes back
+        to life, and the attempt it closed is settled), or the marker for a first envelope.
+        The body goes to a file so that no segment pin is involved (the pin of a body whose
+        first envelope was lost was never counted). Durable on return.
+        """
+        self._check_process()
+        reason = check_text(reason, "hold reason")
+        # (B1) The body file is durable before the envelope naming it is appended.
+        body = write_body_file(self._fs, self._body_dir, env.msg_id, data, replace=True)
+        with self._lock:
+            self._check_open()
+            new = attrs.evolve(
+                env,
+                body=body,
+                held=reason,
+                klass=self.options.last_class,
+                written_at=self._now(),
+                crashes=0,
+                supersedes=env.supersedes or replaces,
+                promoted_from=None,
+            )
+            part = self._encode(new)
+            if new.supersedes is not None:
+                self._superseded.add(new.supersedes)  # ahead of its runner, maybe
+            _, end = self._append([part], new.klass)
+        self._writer.wait_durable(end)
+
     # --- introspection and lifecycle ---------------------------------------------------
 
     def statistics(self) -> SpoolStatistics:
@@ -1296,6 +1375,14 @@ class Spool:
             # Envelopes before the durable end are behind any idle runner's skip point.
             self._fresh_envelopes = [(k, at) for k, at in self._fresh_envelopes if at >= end]
             self._cond.notify_all()
+
+
+def _environment_error(doing: str, exc: OSError) -> SpoolError:
+    """The typed error for an OSError of the disk: ``DiskFull`` when out of space (free some
+    and open again), ``SpoolFailed`` otherwise."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"no space left while {doing}: free some space and open it again")
+    return SpoolFailed(f"{doing} failed: {exc.strerror or exc}", exc.errno)
 
 
 def archive_file(fs: FileSystem, path: str, archive_dir: str) -> None:

@@ -184,8 +184,8 @@ class LogWriter:
             chunk.size += len(frames)
             self._tail = Position(start.segment, start.offset + len(frames))
             self._pending_frames += 1
-            if self._pending_frames >= self._sync_every:
-                self._cond.notify_all()
+            if self._pending_frames in (1, self._sync_every):
+                self._cond.notify_all()  # the flusher starts its interval, or flushes now
             return start, self._tail
 
     def check_usable(self) -> None:
@@ -325,16 +325,24 @@ class LogWriter:
         return len(data)
 
     def _flush_loop(self) -> None:
-        """Background flusher: writes queued non-durable frames every N frames or T s."""
+        """Background flusher: writes queued non-durable frames every N frames or T s.
+
+        It never holds the lock without waiting: with nothing queued it sleeps until the
+        first frame is (``enqueue`` wakes it), and while another thread leads a flush it
+        waits for that flush to end. So no ``sync_interval``, however small, can keep the
+        lock from the callers."""
         with self._lock:
             while not self._closed and self._failed is None:
+                if not self._pending_frames or self._flushing:
+                    self._cond.wait(WAIT_MAX)
+                    continue
                 deadline = time.monotonic() + self._sync_interval
                 while (
                     not self._closed
                     and self._pending_frames < self._sync_every
-                    and time.monotonic() < deadline
+                    and (left := deadline - time.monotonic()) > 0
                 ):
-                    self._cond.wait(max(0.0, deadline - time.monotonic()))
+                    self._cond.wait(min(left, WAIT_MAX))
                 if self._closed or self._failed is not None:
                     return
                 if self._pending_frames and not self._flushing:
@@ -342,3 +350,8 @@ class LogWriter:
                         self._flush_locked()
                     except SpoolFailed:
                         return
+
+
+# The longest single wait on a condition: longer timeouts overflow the platform's limit;
+# every loop that waits checks its own deadline again.
+WAIT_MAX = 3600.0

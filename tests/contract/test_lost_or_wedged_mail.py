@@ -8,6 +8,7 @@ The crash explorer covers each class more widely (tests/crash); these are the ex
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from spool import Spool, SpoolError, SpoolLocked
+from spool import CorruptSpool, Spool, SpoolError, SpoolLocked
 from spool import format as fmt
 from spool.check import check_spool
 from spool.crashsim import CrashSimulator, RecordingFS
 from spool.errors import InvalidMessage, MessageTooLarge, SpoolMisuse
+from spool.fs import FileSystem
 from spool.options import RECIPIENTS_LIMIT
 from spool.testing import FakeClock, deliver_all, tree_snapshot
 from tests.crash.contract import judge, observe
@@ -181,24 +183,22 @@ def test_opening_without_the_outcomes_option_keeps_unacknowledged_outcomes(
 # --- 5 and 6: repair -----------------------------------------------------------------
 
 
-def _flip_in_body(root: Path, marker: bytes) -> None:
+def _flip_in_body(root: Path, marker: bytes, bits: int = 2) -> None:
+    """Flip ``bits`` bits in the first body holding ``marker``: two are beyond what the
+    repair can set right (one flipped bit it finds and corrects)."""
     log = root / fmt.LOG_DIR
     for seg in sorted(log.iterdir()):
         data = bytearray(seg.read_bytes())
         at = data.find(marker)
         if at >= 0:
-            data[at + 3] ^= 0x01
+            for i in range(bits):
+                data[at + 3 + 5 * i] ^= 0x01
             seg.write_bytes(bytes(data))
             return
     raise AssertionError(f"{marker!r} not found")
 
 
-def test_repair_keeps_every_intact_message_and_resurrects_nothing(tmp_path: Path) -> None:
-    # Before: one flipped byte in one message's body made `check --repair` cut the
-    # segment there: the intact messages after it were gone, a message delivered after
-    # the damage was queued again, and the command exited 0 naming no message.
-    root = tmp_path / "spool"
-    clock = FakeClock()
+def _six_messages_one_delivered(root: Path, clock: FakeClock) -> list[str]:
     with Spool.open(root, clock=clock) as sp:
         ids = [
             sp.accept("s@example.org", [f"r{i}@example.net"], f"message {i} ".encode() * 20)
@@ -208,18 +208,41 @@ def test_repair_keeps_every_intact_message_and_resurrects_nothing(tmp_path: Path
         assert attempt is not None and attempt.msg_id == ids[0]
         attempt.delivered(attempt.envelope.recipients, "250 ok")  # start/finish after
         attempt.close()
-    _flip_in_body(root, b"message 2 ")
+    return ids
+
+
+def test_repair_keeps_every_intact_message_and_resurrects_nothing(tmp_path: Path) -> None:
+    # Before: one flipped byte in one message's body made `check --repair` cut the
+    # segment there: the intact messages after it were gone, a message delivered after
+    # the damage was queued again, and the command exited 0 naming no message.
+    root = tmp_path / "spool"
+    clock = FakeClock()
+    ids = _six_messages_one_delivered(root, clock)
+    _flip_in_body(root, b"message 2 ", bits=2)  # beyond correction: the body is lost
     repaired = run_spool("check", "--repair", str(root))
     assert repaired.returncode == 1, "mail was affected: the exit status must say so"
-    assert ids[2] in repaired.stdout, repaired.stdout
-    for other in (ids[1], ids[3], ids[4], ids[5]):
+    assert f"affected: {ids[2]}: its body was lost" in repaired.stdout, repaired.stdout
+    for other in (ids[0], ids[1], ids[3], ids[4], ids[5]):
         assert other not in repaired.stdout, f"{other} is intact but named"
-    with Spool.open(root, clock=clock) as sp:
+    with Spool.open(root, clock=clock, outcomes=True) as sp:
         queued = {e.msg_id for e in sp.list()}
         assert queued == {ids[1], ids[3], ids[4], ids[5]}, queued
         assert deliver_all(sp) and not list(sp.list())
     assert check_spool(str(root)).clean
     assert any(n.endswith(".bad") for n in os.listdir(root / fmt.CORRUPT_DIR))
+
+
+def test_repair_sets_right_a_body_with_one_flipped_bit(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    clock = FakeClock()
+    ids = _six_messages_one_delivered(root, clock)
+    _flip_in_body(root, b"message 2 ", bits=1)
+    repaired = run_spool("check", "--repair", str(root))
+    assert repaired.returncode == 0 and "one flipped bit in the body" in repaired.stdout
+    with Spool.open(root, clock=clock) as sp:
+        assert {e.msg_id for e in sp.list()} == set(ids[1:])
+        attempt = sp.claim()
+        assert attempt is not None and attempt.read_data() == b"message 1 " * 20
 
 
 def test_a_repaired_spool_opens_and_delivers_after_operator_actions(tmp_path: Path) -> None:
@@ -395,3 +418,244 @@ def test_an_accept_refused_for_its_size_leaves_no_body_file(tmp_path: Path) -> N
         sp.sync()
         assert tree_snapshot(str(root)) == before
         assert os.listdir(root / fmt.BODY_DIR) == []
+
+
+# --- found by an adversarial review of the fixes above ------------------------------------
+
+
+def _flip(path: Path, offset: int, bit: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def _record_offset(root: Path, kind: str, nth: int = 0) -> tuple[Path, int]:
+    """The file and offset of the ``nth`` record of ``kind`` ("start", "envelope", ...)."""
+    from spool.queue_view import walk
+
+    found = [
+        pos
+        for pos, record, _frame in walk(FileSystem(), str(root), skip_bodies=False)
+        if record is not None and type(record).__name__.lower() == kind
+    ]
+    pos = found[nth]
+    return root / fmt.LOG_DIR / fmt.segment_name(pos.segment), pos.offset
+
+
+def test_repair_of_a_damaged_start_does_not_resurrect_the_delivered_message(
+    tmp_path: Path,
+) -> None:
+    # Before: the start record was set aside with nothing saying its envelope was used up:
+    # the queue looked empty, but the runner handed the delivered message out again.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        sp.accept("a@example.org", ["bob@example.net"], b"Subject: once\r\n\r\nhi\r\n")
+        with sp.claim() as attempt:  # type: ignore[union-attr]
+            attempt.delivered(["bob@example.net"], "250 ok")
+    seg, offset = _record_offset(root, "start")
+    _flip(seg, offset + 20)
+    assert run_spool("check", "--repair", str(root)).returncode in (0, 1)
+    with Spool.open(root, clock=FakeClock(10**10)) as sp:
+        assert sp.claim() is None and list(sp.list()) == []
+    assert check_spool(str(root)).clean
+
+
+def test_repair_of_a_damaged_start_keeps_what_its_attempt_delivered(tmp_path: Path) -> None:
+    # Before: a damaged start next to an intact "delivered" delta of an attempt a crash
+    # left open put the delivered recipient back in the queue (held, but one release away
+    # from a second delivery).
+    root = tmp_path / "spool"
+    run_child(
+        f"""
+        import os
+        from spool import Spool
+        sp = Spool.open({str(root)!r}, checkpoint_interval=1e9)
+        sp.accept("a@example.org", ["b@example.net", "c@example.net"], b"x" * 200)
+        attempt = sp.claim()
+        attempt.delivered(["b@example.net"], "250 ok")
+        sp.checkpoint()
+        os._exit(0)  # crash with the attempt open
+        """
+    )
+    seg, offset = _record_offset(root, "start")
+    _flip(seg, offset + 20)
+    run_spool("check", "--repair", str(root))
+    with Spool.open(root) as sp:
+        assert [e.recipients for e in sp.list()] == [("c@example.net",)]
+
+
+def test_repair_of_a_damaged_tiny_body_leaves_a_spool_that_opens(tmp_path: Path) -> None:
+    # Before: a body too small for a marker was padded, and every later open refused the
+    # envelope "without its body".
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        small = sp.accept("a@example.org", ["b@example.net"], b"hi\r\n")
+        other = sp.accept("a@example.org", ["c@example.net"], b"second\r\n")
+    data = (root / fmt.LOG_DIR / fmt.segment_name(1)).read_bytes()
+    at = data.index(b"hi\r\n")
+    _flip(root / fmt.LOG_DIR / fmt.segment_name(1), at)  # two bits: beyond correction
+    _flip(root / fmt.LOG_DIR / fmt.segment_name(1), at + 1)
+    proc = run_spool("check", "--repair", str(root))
+    assert proc.returncode == 1 and small in proc.stdout, proc.stdout
+    with Spool.open(root) as sp:
+        assert [e.msg_id for e in sp.list()] == [other]
+
+
+@pytest.mark.parametrize("offset", [24, 25, 26, 27])
+def test_repair_recovers_a_damaged_segment_salt(tmp_path: Path, offset: int) -> None:
+    # Before: one flipped bit in the salt field made the whole segment unreadable and every
+    # message in it vanished unnamed.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        ids = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    Spool.open(root).close()  # the segment is no longer the newest
+    _flip(root / fmt.LOG_DIR / fmt.segment_name(1), offset, 3)
+    proc = run_spool("check", "--repair", str(root))
+    assert proc.returncode == 0 and "after repair: clean" in proc.stdout, proc.stdout
+    with Spool.open(root) as sp:
+        assert {e.msg_id for e in sp.list()} == set(ids)
+
+
+def test_repair_sets_right_an_envelope_with_one_flipped_bit(tmp_path: Path) -> None:
+    # Before: the message was gone, named nowhere, its body file filed as an orphan, and
+    # the repair exited 0. One flipped bit is found by its CRC syndrome and put right.
+    root = tmp_path / "spool"
+    with Spool.open(root, inline_body_max=100) as sp:
+        bob = sp.accept("a@example.org", ["bob@example.net"], b"x" * 5000)
+        carol = sp.accept("a@example.org", ["carol@example.net"], b"y" * 50)
+    seg = root / fmt.LOG_DIR / fmt.segment_name(1)
+    _flip(seg, seg.read_bytes().index(b"bob@"))
+    proc = run_spool("check", "--repair", str(root))
+    assert proc.returncode == 0 and "one flipped bit in the envelope record" in proc.stdout
+    with Spool.open(root) as sp:
+        entries = {e.msg_id: e for e in sp.list()}
+    assert set(entries) == {bob, carol} and not any(e.held for e in entries.values())
+    assert entries[bob].recipients == ("bob@example.net",)
+
+
+def test_repair_restores_held_an_envelope_damaged_beyond_correction(tmp_path: Path) -> None:
+    # Two flipped bits: no single bit explains them, but the record still reads as bob's
+    # envelope (with a damaged address). It was his only envelope: it is queued again,
+    # held for the operator to check, named, and the status is 1.
+    root = tmp_path / "spool"
+    with Spool.open(root, inline_body_max=100) as sp:
+        bob = sp.accept("a@example.org", ["bob@example.net"], b"x" * 5000)
+        carol = sp.accept("a@example.org", ["carol@example.net"], b"y" * 50)
+    seg = root / fmt.LOG_DIR / fmt.segment_name(1)
+    at = seg.read_bytes().index(b"bob@")
+    _flip(seg, at, 0)
+    _flip(seg, at + 2, 0)
+    proc = run_spool("check", "--repair", str(root))
+    assert proc.returncode == 1 and f"affected: {bob}" in proc.stdout, proc.stdout
+    with Spool.open(root) as sp:
+        entries = {e.msg_id: e for e in sp.list()}
+        assert set(entries) == {bob, carol} and entries[bob].held and not entries[carol].held
+        assert sp.show(bob)  # the operator can look at it before releasing it
+
+
+def test_an_archive_dir_that_cannot_be_made_is_not_recorded(tmp_path: Path) -> None:
+    # Before: the refused archive_dir was recorded, and every later open failed.
+    root = tmp_path / "spool"
+    Spool.open(root).close()
+    (tmp_path / "file").write_text("not a directory")
+    for bad in (str(tmp_path / "file"), str(tmp_path / "file" / "below")):
+        with pytest.raises(SpoolError):
+            Spool.open(root, archive_dir=bad)
+        Spool.open(root).close()
+
+
+def test_racing_opens_of_a_new_directory_lose_with_spool_locked(tmp_path: Path) -> None:
+    # Before: the losers got "cannot create it: File exists" (BadSpoolDirectory).
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from spool import Spool, SpoolLocked
+        root, start = sys.argv[1], float(sys.argv[2])
+        time.sleep(max(0.0, start - time.time()))
+        try:
+            Spool.open(root).close()
+            print("ok")
+        except SpoolLocked:
+            print("locked")
+        """
+    )
+    import time
+
+    for trial in range(5):
+        root = tmp_path / f"spool{trial}"
+        start = time.time() + 0.5
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(root), str(start)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            for _ in range(4)
+        ]
+        for proc in procs:
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0 and out.strip() in ("ok", "locked"), err
+
+
+def test_reopening_without_space_for_recovery_is_a_typed_error_that_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    # Before: a raw OSError, and an empty copy of the torn tail in corrupt/ at each try.
+    from spool import DiskFull
+    from spool.testing import FaultFS
+
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        sp.accept("a@example.org", ["b@example.net"], b"x" * 100)
+    seg = root / fmt.LOG_DIR / fmt.segment_name(1)  # the only segment: the newest
+    with open(seg, "ab") as f:
+        f.write(b"\x17" * 700)  # a torn batch, not all zeros: its bytes are copied first
+    full = FaultFS()
+    full.fail("pwrite", err=errno.ENOSPC)
+    for _ in range(2):
+        with pytest.raises(DiskFull):
+            Spool.open(root, fs=full)
+        assert not (root / fmt.CORRUPT_DIR).exists() or not os.listdir(root / fmt.CORRUPT_DIR)
+    with Spool.open(root) as sp:  # space again: it opens and the message is there
+        assert len(list(sp.list())) == 1
+
+
+def test_a_damaged_header_of_the_newest_segment_is_damage_not_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    # Before: a written header that failed its check was cut as a torn tail, taking the
+    # acknowledged messages after it along (sectors are written whole: it was written).
+    root = tmp_path / "spool"
+    ids_file = tmp_path / "ids"
+    run_child(
+        f"""
+        import os
+        from spool import Spool
+        sp = Spool.open({str(root)!r}, segment_size=4096, checkpoint_interval=1e9,
+                        checkpoint_every=10**9)
+        ids = [sp.accept("a@example.org", [f"b{{i}}@example.net"], b"z" * 1500)
+               for i in range(6)]
+        open({str(ids_file)!r}, "w").write(" ".join(ids))
+        os._exit(0)  # crash: no positions vouch for the newest segment
+        """
+    )
+    ids = set(ids_file.read_text().split())
+    newest = sorted((root / fmt.LOG_DIR).iterdir())[-1]
+    _flip(newest, 25)  # its salt: a written header sector, so damage, not a tear
+    with pytest.raises(CorruptSpool):
+        Spool.open(root)
+    run_spool("check", "--repair", str(root))
+    with Spool.open(root) as sp:
+        assert {e.msg_id for e in sp.list()} == ids
+
+
+def test_repair_sets_damaged_positions_aside(tmp_path: Path) -> None:
+    # Before: the repair left them, and kept saying "still damaged".
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        sp.accept("a@example.org", ["b@example.net"], b"x")
+    (root / fmt.POSITIONS_NAME).write_text("garbage\n")
+    proc = run_spool("check", "--repair", str(root))
+    assert proc.returncode == 0 and "after repair: clean" in proc.stdout, proc.stdout

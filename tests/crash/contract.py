@@ -1,16 +1,25 @@
 """The contract checker: open a crash state, observe it, and judge it against the ledger.
 
-``observe`` opens the spool (that is recovery), lists the queue, closes, runs the spool's
-own consistency check, walks the log independently of the queue view to find every live
-envelope (two live envelopes of one message would mean a double delivery), reopens and
-lists again. ``judge`` compares the observation with what the workload had been told
-before the crash:
+``observe`` opens the spool (that is recovery) naming no setting (the recorded ones must
+apply, as for every CLI command), lists the queue, closes, runs the spool's own
+consistency check, walks the log independently of the queue view to find every live
+envelope (two live envelopes of one message would mean a double delivery), reopens,
+lists again, claims everything due and takes every outcome handed out. ``judge``
+compares the observation with what the workload had been told before the crash:
 
 - every acknowledged accept is present: queued, or every recipient settled;
 - an acknowledged delivered/failed recipient is never pending again;
 - no recipient is lost (a recipient missing from a present message was being settled);
 - no message appears that was never accepted, and none is live twice;
-- ``spool.check`` finds no problem, and a second open sees the same queue.
+- ``spool.check`` finds no problem, and a second open sees the same queue;
+- with outcomes tracked: no acknowledged outcome is handed out again, and every message
+  that finished has its outcome handed out unless its acknowledgement had begun.
+
+``observe_repaired`` and ``judge_repaired`` do the same for a state with a flipped
+durable byte after ``spool check --repair``: the repair must leave a clean spool that
+opens, keep every message it does not name exactly as the contract says, name only the
+owner of the damaged frame when that frame was a body or padding, and never hand out a
+message it names with an acknowledged recipient pending.
 """
 
 from __future__ import annotations
@@ -18,13 +27,16 @@ from __future__ import annotations
 import attrs
 
 from spool import Spool
+from spool import format as fmt
 from spool import records as rec
-from spool.check import check_spool
+from spool.check import check_spool, repair_spool
+from spool.framing import Frame, parse_frame
 from spool.fs import FileSystem
 from spool.queue_view import walk
+from spool.reader import check_segment_header, segment_salt
 from spool.records import Position
-from spool.testing import FakeClock
-from tests.crash.workload import OPTIONS, RETRY, START_TIME, Ledger
+from spool.testing import FakeClock, deliver_all
+from tests.crash.workload import START_TIME, TUNING, Ledger
 
 LiveQueue = dict[str, tuple[tuple[str, ...], bool]]
 
@@ -39,6 +51,7 @@ class Observation:
     log_live: dict[str, int]
     problems: tuple[str, ...]
     handed_out: list[tuple[str, tuple[str, ...]]] | None
+    outcomes: list[str] | None = None  # handed out after the reopen (outcomes tracked)
 
 
 def _queue(sp: Spool) -> LiveQueue:
@@ -49,7 +62,6 @@ def live_envelopes(root: str) -> dict[str, int]:
     """Count, per message, envelopes that nothing later in the log supersedes."""
     envelopes: dict[Position, str] = {}
     superseded: set[Position] = set()
-    finished: set[str] = set()
     for pos, record, _frame in walk(FileSystem(), root):
         if isinstance(record, rec.Envelope):
             envelopes[pos] = record.msg_id
@@ -57,8 +69,8 @@ def live_envelopes(root: str) -> dict[str, int]:
                 superseded.add(record.supersedes)
         elif isinstance(record, rec.Start):
             superseded.add(record.envelope_at)
-        elif isinstance(record, rec.Finish):
-            finished.add(record.msg_id)
+        elif isinstance(record, rec.Control) and record.action == rec.DAMAGED:
+            superseded.update(record.sup)  # a repair recorded a lost start
     counts: dict[str, int] = {}
     for pos, msg in envelopes.items():
         if pos not in superseded:
@@ -70,20 +82,21 @@ def observe(root: str, *, second_open: bool = True) -> Observation:
     """Recover the spool at ``root`` and describe it; failures become part of the result."""
     clock = FakeClock(START_TIME + 10**6)
     try:
-        with Spool.open(root, clock=clock, **OPTIONS) as sp:
+        with Spool.open(root, clock=clock, **TUNING) as sp:
             queue = _queue(sp)
         report = check_spool(root)
         problems = tuple(f"{p.path}:{p.offset}: {p.what}" for p in report.problems)
         log_live = live_envelopes(root)
-        reopened, handed_out = queue, None
+        reopened, handed_out, outcomes = queue, None, None
         if second_open:
-            with Spool.open(root, clock=clock, **OPTIONS) as sp:
+            with Spool.open(root, clock=clock, **TUNING) as sp:
                 reopened = _queue(sp)
-                clock.advance(max(RETRY) + 1)  # recovery's replacements come due too
+                clock.advance(sp.options.longest_interval + 1)  # recovery's come due too
                 handed_out = _claim_all(sp)
+                outcomes = _all_outcomes(sp) if sp.options.outcomes else None
     except Exception as exc:  # every failure is an observation; judge() says which are bad
         return Observation(f"{type(exc).__name__}: {exc}", {}, {}, {}, (), None)
-    return Observation(None, queue, reopened, log_live, problems, handed_out)
+    return Observation(None, queue, reopened, log_live, problems, handed_out, outcomes)
 
 
 def _claim_all(sp: Spool) -> list[tuple[str, tuple[str, ...]]]:
@@ -102,8 +115,19 @@ def _claim_all(sp: Spool) -> list[tuple[str, tuple[str, ...]]]:
     return out
 
 
-def judge(obs: Observation, ledger: Ledger, prefix: int) -> list[str]:
-    """Every way ``obs`` breaks the contract for a crash after ``prefix`` trace ops."""
+def _all_outcomes(sp: Spool) -> list[str]:
+    got = []
+    while (outcome := sp.next_outcome(timeout=0)) is not None:
+        got.append(outcome.msg_id)
+    return got
+
+
+def judge(
+    obs: Observation, ledger: Ledger, prefix: int, exempt: frozenset[str] = frozenset()
+) -> list[str]:
+    """Every way ``obs`` breaks the contract for a crash after ``prefix`` trace ops.
+
+    Messages in ``exempt`` (named by a repair) are left to ``judge_repaired``."""
     if obs.error is not None:
         return [f"recovery failed: {obs.error}"]
     bad: list[str] = [f"spool check: {p}" for p in obs.problems]
@@ -126,6 +150,8 @@ def judge(obs: Observation, ledger: Ledger, prefix: int) -> list[str]:
     if set(obs.log_live) != set(obs.queue):
         bad.append(f"queue view {sorted(obs.queue)} != live envelopes {sorted(obs.log_live)}")
     for msg, (pending, _held) in obs.queue.items():
+        if msg in exempt:
+            continue
         if msg not in issued:
             bad.append(f"{msg} is queued but was never accepted")
             continue
@@ -138,11 +164,31 @@ def judge(obs: Observation, ledger: Ledger, prefix: int) -> list[str]:
             if r not in pending and (msg, r) not in settling:
                 bad.append(f"{msg} {r} was lost (not pending, never settled)")
     for msg, rcpts in accepted.items():
-        if msg in obs.queue:
+        if msg in obs.queue or msg in exempt:
             continue
         lost = [r for r in rcpts if (msg, r) not in settling]
         if lost:
             bad.append(f"acknowledged message {msg} is gone with {lost} never settled")
+    if obs.outcomes is not None:
+        bad.extend(_judge_outcomes(obs, ledger, prefix, exempt))
+    return bad
+
+
+def _judge_outcomes(
+    obs: Observation, ledger: Ledger, prefix: int, exempt: frozenset[str]
+) -> list[str]:
+    assert obs.outcomes is not None
+    bad = []
+    if len(set(obs.outcomes)) != len(obs.outcomes):
+        bad.append(f"an outcome was handed out twice: {obs.outcomes}")
+    again = sorted(ledger.outcomes_acked(prefix) & set(obs.outcomes) - exempt)
+    if again:
+        bad.append(f"acknowledged outcomes handed out again: {again}")
+    begun = ledger.outcomes_ack_issued(prefix)
+    for msg in ledger.accepted(prefix):
+        finished = msg not in obs.queue
+        if finished and msg not in begun and msg not in obs.outcomes and msg not in exempt:
+            bad.append(f"{msg} finished but its outcome is never handed out (a lost bounce)")
     return bad
 
 
@@ -157,3 +203,89 @@ def judge_damaged(obs: Observation, ledger: Ledger, prefix: int) -> list[str]:
     if obs.problems:
         return []
     return judge(obs, ledger, prefix)
+
+
+# --- repaired states -------------------------------------------------------------------
+
+
+@attrs.frozen
+class RepairedObservation:
+    """A damaged state after ``spool check --repair``, observed, then worked on again."""
+
+    error: str | None
+    named: frozenset[str]
+    fates: tuple[tuple[str, str], ...]
+    problems_after: tuple[str, ...]
+    observed: Observation | None
+    problems_at_end: tuple[str, ...]
+
+
+def observe_repaired(root: str) -> RepairedObservation:
+    """Repair, observe (open, list, check, reopen, claim), then deliver everything due in
+    a third open and check once more: the repair must hold up under more work."""
+    try:
+        report = repair_spool(root)
+    except Exception as exc:
+        return RepairedObservation(
+            f"repair: {type(exc).__name__}: {exc}", frozenset(), (), (), None, ()
+        )
+    named = frozenset(m for m, _ in report.fates) | {a.msg_id for a in report.before.affected}
+    after = tuple(f"{p.path}:{p.offset}: {p.what}" for p in report.after.problems)
+    obs = observe(root)
+    try:
+        clock = FakeClock(START_TIME + 10**7)
+        with Spool.open(root, clock=clock, **TUNING) as sp:
+            deliver_all(sp)
+        end = tuple(f"{p.path}:{p.offset}: {p.what}" for p in check_spool(root).problems)
+        Spool.open(root, **TUNING).close()
+    except Exception as exc:
+        end = (f"after more work: {type(exc).__name__}: {exc}",)
+    return RepairedObservation(None, named, report.fates, after, obs, end)
+
+
+def judge_repaired(
+    obs: RepairedObservation, ledger: Ledger, prefix: int, damaged: tuple[str, str]
+) -> list[str]:
+    """``damaged`` is (kind, message) of the frame the flip hit, in the undamaged state."""
+    if obs.error is not None:
+        return [obs.error]
+    bad = [f"not clean after repair: {p}" for p in obs.problems_after]
+    bad += [f"not clean after repair and more work: {p}" for p in obs.problems_at_end]
+    kind, owner = damaged
+    if kind in ("pad", "header") and obs.named:
+        bad.append(f"damaged {kind} touched no mail, but the repair named {sorted(obs.named)}")
+    if kind == "body" and not obs.named <= {owner}:
+        bad.append(f"a damaged body of {owner}, but the repair named {sorted(obs.named)}")
+    assert obs.observed is not None
+    seen = obs.observed
+    exempt = obs.named | ({owner} if kind == "control" else set())
+    bad += judge(seen, ledger, prefix, exempt=frozenset(exempt))
+    acked = ledger.settled_acked(prefix)
+    for msg, rcpts in seen.handed_out or []:
+        if msg in obs.named and any((msg, r) in acked for r in rcpts):
+            bad.append(f"{msg} (named by the repair) handed out with a settled recipient")
+    return bad
+
+
+def frame_owner(data: bytes, offset: int) -> tuple[str, str]:
+    """(kind, message) of what lies at ``offset`` of a segment's bytes: ``header``, ``pad``,
+    ``body`` or a record kind (``envelope``, ``start``, ...), and its message id."""
+    number = int.from_bytes(data[16:24], "little")
+    if offset < fmt.SEGMENT_HEADER_SIZE or check_segment_header(data, number, "") is not None:
+        return "header", ""
+    salt = segment_salt(data)
+    pos = fmt.SEGMENT_HEADER_SIZE
+    while pos < len(data):
+        frame = parse_frame(data, pos, salt)
+        if not isinstance(frame, Frame):
+            return "unknown", ""
+        if pos <= offset < pos + frame.size:
+            if frame.type == fmt.T_PAD:
+                return "pad", ""
+            if frame.type == fmt.T_BODY:
+                return "body", rec.decode_body(frame.payload)[0]
+            record = rec.decode(frame.type, frame.payload)
+            target = record.target if isinstance(record, rec.Control) else record.msg_id
+            return fmt.TYPE_NAMES[frame.type], target
+        pos += frame.size
+    return "unknown", ""

@@ -3,9 +3,22 @@
 For each prefix of a recorded workload's trace, ``CrashSimulator`` lists what was not yet
 durable; the explorer enumerates every subset of it when it is small and a seeded sample
 when it is not, builds each state, skips states already seen (by content digest), and
-hands each new one to the contract checker. A sample of the states is then *recovered
-under recording* and the crash states of recovery's own writes are explored in turn
-(a crash during recovery, then recovery again). Violations carry a reproducer.
+hands each new one to the contract checker. Four more layers build on that:
+
+- *crashes during recovery*: a sample of the states is recovered under recording and the
+  crash states of recovery's own writes are explored in turn (a power cut during
+  recovery, then recovery again);
+- *a kill, recovery, then a power cut*: at a sample of prefixes the owner is killed
+  (``kill -9``: the page cache survives, so its un-synced writes are on disk but not yet
+  durable), recovery runs on that, and power is then lost at every point of recovery's own
+  writes and after it, with the dead owner's writes still pending unless recovery synced
+  them (``RecordingFS.after_process_crash``);
+- *flipped durable bytes*: a sample of states gets one flipped bit in the durable log,
+  which must be reported, never cut or skipped;
+- *repair*: those damaged states are then repaired (``spool check --repair``), observed,
+  worked on and checked again (``contract.judge_repaired``).
+
+Violations carry a reproducer.
 """
 
 from __future__ import annotations
@@ -23,8 +36,15 @@ from spool import format as fmt
 from spool.crashsim import CrashSimulator, RecordingFS, TreeState, Unit
 from spool.positions import decode_positions
 from spool.testing import FakeClock
-from tests.crash.contract import judge, judge_damaged, observe
-from tests.crash.workload import OPTIONS, START_TIME, Ledger, Recorded, trace_features
+from tests.crash.contract import (
+    frame_owner,
+    judge,
+    judge_damaged,
+    judge_repaired,
+    observe,
+    observe_repaired,
+)
+from tests.crash.workload import START_TIME, TUNING, Ledger, Recorded, trace_features
 
 
 @attrs.define
@@ -38,10 +58,10 @@ class Violation:
     last_ops: list[str]
     kept: list[str]
     problems: list[str]
-    during_recovery: bool = False
+    during: str = ""  # "a crash during recovery of ", "a power cut after a kill of ", ...
 
     def __str__(self) -> str:
-        where = "a crash during recovery of " if self.during_recovery else ""
+        where = self.during
         return (
             f"{where}workload {self.workload} (seed {self.seed}, steps {self.steps}), "
             f"crash after trace op {self.prefix}; last ops {self.last_ops}; "
@@ -55,7 +75,9 @@ class ExploreReport:
 
     states: int = 0
     recovery_states: int = 0
+    kill_states: int = 0
     damaged_states: int = 0
+    repaired_states: int = 0
     features: set[str] = attrs.Factory(set)
     prefixes: int = 0
     violations: list[Violation] = attrs.Factory(list)
@@ -79,7 +101,9 @@ class Explorer:
     exhaustive_max: int = 8
     samples: int = 24
     recovery_every: int = 0  # explore recovery's crashes for every n-th new state (0: never)
+    kill_every: int = 0  # kill, recover, cut the power at about one prefix in n (0: never)
     damage_every: int = 0  # also check a copy with one flipped durable byte (0: never)
+    repair: bool = False  # and repair each such copy, then check it again
     max_states: int | None = None
     stop_at_first: bool = False
     report: ExploreReport = attrs.Factory(ExploreReport)
@@ -116,7 +140,7 @@ class Explorer:
         if self.stop_at_first and self.report.violations:
             return True
         r = self.report
-        total = r.states + r.recovery_states  # crash states; damaged copies come on top
+        total = r.states + r.recovery_states + r.kill_states  # damaged copies come on top
         return self.max_states is not None and total >= self.max_states
 
     def explore(self, recorded: Recorded) -> ExploreReport:
@@ -124,6 +148,7 @@ class Explorer:
         rng = random.Random(self.seed ^ recorded.seed)
         sim = CrashSimulator(recorded.trace)
         self.report.features |= trace_features(recorded.trace) | {f"workload {recorded.name}"}
+        self.report.features |= {f"step {step}" for step in recorded.steps}
         work = tempfile.mkdtemp(prefix="spool-crash-", dir=scratch_base())
         try:
             everywhere = range(len(sim.trace) + 1)
@@ -134,12 +159,18 @@ class Explorer:
                 self.report.states += 1
                 problems = self._check(state, work, recorded.ledger, prefix)
                 if problems:
-                    self._violation(recorded, sim, prefix, chosen, problems, False)
+                    self._violation(recorded, sim, prefix, chosen, problems)
                     continue
                 if self.recovery_every and n % self.recovery_every == 0:
                     self._explore_recovery(recorded, state, work, prefix, rng)
                 if self.damage_every and n % self.damage_every == 0:
                     self._check_damaged(recorded, sim, prefix, chosen, state, work, rng)
+            if self.kill_every:
+                for prefix in everywhere:
+                    if self._done():
+                        break
+                    if rng.randrange(self.kill_every) == 0 and sim.pending(prefix):
+                        self._explore_kill(recorded, prefix, work, rng)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return self.report
@@ -172,7 +203,8 @@ class Explorer:
         damaged = flip_durable_byte(state, rng)
         if damaged is None:
             return
-        flipped, where = damaged
+        flipped, path, offset = damaged
+        where = f"{path} byte {offset}"
         digest = flipped.digest()
         if digest in self._seen:
             return
@@ -180,9 +212,33 @@ class Explorer:
         self.report.damaged_states += 1
         problems = self._check(flipped, work, recorded.ledger, prefix, damaged=True)
         if problems:
-            self._violation(
-                recorded, sim, prefix, chosen, [f"after flipping {where}", *problems], False
-            )
+            self._violation(recorded, sim, prefix, chosen, [f"after flipping {where}", *problems])
+            return
+        if self.repair:
+            owner = frame_owner(dict(state.files)[path], offset)
+            problems = self._check_repair(flipped, work, recorded.ledger, prefix, owner)
+            self.report.repaired_states += 1
+            if problems:
+                self._violation(
+                    recorded,
+                    sim,
+                    prefix,
+                    chosen,
+                    [f"after flipping {where} ({owner[0]} of {owner[1] or '-'})", *problems],
+                    "spool check --repair of ",
+                )
+
+    def _check_repair(
+        self, state: TreeState, work: str, ledger: Ledger, prefix: int, owner: tuple[str, str]
+    ) -> list[str]:
+        dest = os.path.join(work, "repair")
+        shutil.rmtree(dest, ignore_errors=True)
+        state.write(dest)
+        try:
+            obs = observe_repaired(os.path.join(dest, "spool"))
+            return judge_repaired(obs, ledger, prefix, owner)
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
 
     def _violation(
         self,
@@ -191,7 +247,7 @@ class Explorer:
         prefix: int,
         chosen: tuple[Unit, ...],
         problems: list[str],
-        during_recovery: bool,
+        during: str = "",
     ) -> None:
         ops = sim.trace.ops[max(0, prefix - 4) : prefix]
         self.report.violations.append(
@@ -203,7 +259,7 @@ class Explorer:
                 [op.describe() for op in ops],
                 [u.describe(sim.trace) for u in chosen],
                 problems,
-                during_recovery,
+                during,
             )
         )
 
@@ -217,7 +273,7 @@ class Explorer:
         fs = RecordingFS(base)
         try:
             with Spool.open(
-                os.path.join(base, "spool"), fs=fs, clock=FakeClock(START_TIME + 10**6), **OPTIONS
+                os.path.join(base, "spool"), fs=fs, clock=FakeClock(START_TIME + 10**6), **TUNING
             ):
                 pass
         finally:
@@ -231,12 +287,43 @@ class Explorer:
             self.report.recovery_states += 1
             problems = self._check(sub, work, recorded.ledger, prefix)
             if problems:
-                self._violation(recorded, sim, p, chosen, problems, True)
+                self._violation(recorded, sim, p, chosen, problems, "a crash during recovery of ")
+
+    def _explore_kill(self, recorded: Recorded, prefix: int, work: str, rng: random.Random) -> None:
+        """Kill the owner after ``prefix`` ops, recover, then cut the power at every point
+        of recovery's writes and after it (the dead owner's writes still pending)."""
+        base = os.path.join(work, "killed")
+        shutil.rmtree(base, ignore_errors=True)
+        os.makedirs(base)
+        fs = RecordingFS.after_process_crash(recorded.trace, prefix, base)
+        sim = CrashSimulator(fs.trace)
+        try:
+            with Spool.open(
+                os.path.join(base, "spool"), fs=fs, clock=FakeClock(START_TIME + 10**6), **TUNING
+            ):
+                pass
+        except Exception as exc:
+            problem = f"recovery after a kill failed: {type(exc).__name__}: {exc}"
+            self._violation(recorded, sim, prefix, (), [problem], "a kill of ")
+            return
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        sim = CrashSimulator(fs.trace)
+        self.report.features.add("kill, recovery, power cut")
+        for p, chosen, sub in self._states(sim, rng, range(prefix, len(fs.trace) + 1), 4, 2):
+            if self._done():
+                return
+            self.report.kill_states += 1
+            problems = self._check(sub, work, recorded.ledger, prefix)
+            if problems:
+                during = "a power cut after recovery from a kill of "
+                self._violation(recorded, sim, p, chosen, problems, during)
 
 
-def flip_durable_byte(state: TreeState, rng: random.Random) -> tuple[TreeState, str] | None:
+def flip_durable_byte(state: TreeState, rng: random.Random) -> tuple[TreeState, str, int] | None:
     """A copy of ``state`` with one bit of a segment flipped inside the durable log (before
-    the restart positions' ``consistent`` end), and where; None if nothing is durable."""
+    the restart positions' ``consistent`` end), and half the time a second one a few bytes
+    on; the file and the (first) offset; None if nothing is durable."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -262,5 +349,10 @@ def flip_durable_byte(state: TreeState, rng: random.Random) -> tuple[TreeState, 
     offset = rng.randrange(limit)
     data = bytearray(files[path])
     data[offset] ^= 1 << rng.randrange(8)
+    if rng.random() < 0.5:
+        # A second bit nearby (usually in the same frame): damage no single bit explains,
+        # so the repair cannot simply set it right and must set it aside.
+        second = min(limit - 1, offset + rng.randrange(1, 16))
+        data[second] ^= 1 << rng.randrange(8)
     files[path] = bytes(data)
-    return TreeState(state.dirs, tuple(sorted(files.items()))), f"{path} byte {offset}"
+    return TreeState(state.dirs, tuple(sorted(files.items()))), path, offset

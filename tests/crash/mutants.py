@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from spool import bodies
+from spool import bodies, check, options, outcomes, recovery
 from spool import spool as spool_mod
 from spool.fs import FileSystem
 from spool.reader import LogCursor
@@ -172,6 +172,69 @@ def uncounted_replacement(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(spool_mod.Spool, "_note_envelope", note)
 
 
+def recovery_does_not_sync_what_it_read(mp: pytest.MonkeyPatch) -> None:
+    """(R0) Recovery builds on the dead owner's un-synced tail without making it durable:
+    only a kill, recovery and then a power cut can see it."""
+    mp.setattr(recovery, "_make_durable", lambda fs, log_dir, scanned: None)
+
+
+def front_ignores_open_attempts(mp: pytest.MonkeyPatch) -> None:
+    """(G1) The garbage front counts an open attempt's start record, not its envelope."""
+    original = spool_mod.Spool._capture_positions
+
+    def capture(self: spool_mod.Spool) -> Any:
+        saved = self._in_flight
+        self._in_flight = {}  # the envelopes are not pinned; the start still counts below
+        try:
+            positions = original(self)
+        finally:
+            self._in_flight = saved
+        starts = [s.start_at for s in saved.values()]
+        working = min([positions.working_start, *starts])
+        import attrs
+
+        return attrs.evolve(positions, working_start=working, front=min(positions.front, working))
+
+    mp.setattr(spool_mod.Spool, "_capture_positions", capture)
+
+
+def acknowledgement_forgotten_when_read_past(mp: pytest.MonkeyPatch) -> None:
+    """An acknowledged outcome read past after a restart is forgotten, so the next
+    positions drop it while an earlier outcome holds the front back."""
+    original = outcomes.OutcomeReader.next
+
+    def next_outcome(self: outcomes.OutcomeReader, limit: Any) -> Any:
+        found = original(self, limit)
+        self._acked_ahead = {m: p for m, p in self._acked_ahead.items() if p is None}
+        return found
+
+    mp.setattr(outcomes.OutcomeReader, "next", next_outcome)
+
+
+def open_forgets_the_outcome_setting(mp: pytest.MonkeyPatch) -> None:
+    """An open that does not name ``outcomes`` turns tracking off (what every CLI command
+    did): unacknowledged bounces are dropped."""
+    original = options.resolve_options
+
+    def resolve(recorded: dict[str, Any], given: dict[str, Any]) -> Any:
+        return original({k: v for k, v in recorded.items() if k != "outcomes"}, given)
+
+    mp.setattr(spool_mod, "resolve_options", resolve)
+
+
+def repair_holds_nothing(mp: pytest.MonkeyPatch) -> None:
+    """``spool check --repair`` sets damage aside but does not hold the messages whose
+    start or delivered delta may have been in it: they would be attempted again."""
+    original = check._settle_one
+
+    def settle(sp: Any, affected: Any) -> str:
+        if affected.verdict is check.Verdict.RECORDS_LOST:
+            return "left as it was"
+        return original(sp, affected)
+
+    mp.setattr(check, "_settle_one", settle)
+
+
 MUTANTS: dict[str, Mutant] = {
     f.__name__: f
     for f in (
@@ -186,6 +249,11 @@ MUTANTS: dict[str, Mutant] = {
         replacement_drops_recipient,
         body_file_not_synced,
         uncounted_replacement,
+        recovery_does_not_sync_what_it_read,
+        front_ignores_open_attempts,
+        acknowledgement_forgotten_when_read_past,
+        open_forgets_the_outcome_setting,
+        repair_holds_nothing,
     )
 }
 

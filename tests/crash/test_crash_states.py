@@ -1,7 +1,9 @@
 """Crash-state exploration: the contract holds after a power cut at any instant.
 
 Goal: contract items 1-4 of the brief hold whatever the disk keeps of un-synced writes,
-at every point of generated workloads, including during recovery itself.
+at every point of generated workloads, including during recovery itself, after a kill
+followed by recovery and a power cut, and after media damage set right or set aside by
+``spool check --repair``.
 
 Method (ALICE, LevelDB's fault-injection Env): run seeded, generated workloads through a
 recording file system (``spool.crashsim``); for every prefix of the I/O trace build the
@@ -10,8 +12,13 @@ states the fault model (docs/fault-model.md) allows — un-synced writes lost, t
 every combination where there are few, a seeded sample where there are many; recover each
 state and check the contract against what the workload had been told
 (``tests/crash/contract.py``). A sample of states is recovered under recording and the
-crash states of recovery's own writes are checked as well; another sample gets one
-flipped byte of durable log, which must be reported, never cut or skipped.
+crash states of recovery's own writes are checked as well. At a sample of prefixes the
+owner is killed instead (the page cache survives), recovery runs, and power is then lost
+at every point of recovery's writes and after it. Another sample gets one or two flipped
+bits of durable log, which must be reported, never cut or skipped, and is then repaired,
+worked on and checked again. The workloads hold attempts open across checkpoints,
+acknowledge outcomes in random orders, reopen with other options, and pass operator
+calls bad arguments.
 
 The explorer proves it can see: ``test_the_explorer_catches_every_broken_spool`` runs it
 against deliberately broken spools (``tests/crash/mutants.py``) and fails if any survives.
@@ -34,9 +41,10 @@ import pytest
 
 from tests.crash.explore import Explorer, ExploreReport, scratch_base
 from tests.crash.mutants import MUTANTS
-from tests.crash.workload import MENUS, run_named, run_workload
+from tests.crash.workload import MENUS, run_named
 
 STATES = int(os.environ.get("SPOOL_CRASH_STATES", "20000"))
+KILL_EVERY = 6  # kill, recover and cut the power at about one trace prefix in six
 FIRST_SEED = int(os.environ.get("SPOOL_CRASH_SEED", "1"))
 STEPS = 30
 
@@ -68,10 +76,12 @@ def _progress(worker: int, next_seed: int, r: ExploreReport) -> None:
     if not report_dir:
         return
     figures = {
-        "crash_states": r.states + r.recovery_states,
+        "crash_states": r.states + r.recovery_states + r.kill_states,
         "after_workload_crashes": r.states,
         "after_crashes_during_recovery": r.recovery_states,
-        "with_flipped_durable_byte": r.damaged_states,
+        "after_kill_recovery_power_cut": r.kill_states,
+        "with_flipped_durable_bits": r.damaged_states,
+        "repaired": r.repaired_states,
         "violations": len(r.violations),
         "next_seed": next_seed,
     }
@@ -81,6 +91,7 @@ def _progress(worker: int, next_seed: int, r: ExploreReport) -> None:
     os.replace(path + ".tmp", path)
 
 
+@pytest.mark.timeout(1800)  # about six minutes on two cores: half of `make test`
 def test_every_crash_state_of_generated_workloads_keeps_the_contract(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -91,21 +102,31 @@ def test_every_crash_state_of_generated_workloads_keeps_the_contract(
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         futures = [
             pool.submit(
-                explore_seeds, FIRST_SEED + w, workers, share, recovery_every=6, damage_every=5
+                explore_seeds,
+                FIRST_SEED + w,
+                workers,
+                share,
+                recovery_every=6,
+                kill_every=KILL_EVERY,
+                damage_every=5,
+                repair=True,
             )
             for w in range(workers)
         ]
         reports = [f.result() for f in futures]
     states = sum(r.states for r in reports)
     during_recovery = sum(r.recovery_states for r in reports)
+    after_kill = sum(r.kill_states for r in reports)
     damaged = sum(r.damaged_states for r in reports)
+    repaired = sum(r.repaired_states for r in reports)
     violations = [v for r in reports for v in r.violations]
     features = set().union(*(r.features for r in reports))
     with capsys.disabled():
         print(
-            f"\ncrash states checked: {states + during_recovery} distinct "
+            f"\ncrash states checked: {states + during_recovery + after_kill} distinct "
             f"({states} after workload crashes, {during_recovery} after crashes during "
-            f"recovery), and {damaged} with a flipped durable byte, over "
+            f"recovery, {after_kill} after a kill, recovery and a power cut), and "
+            f"{damaged} with flipped durable bits ({repaired} then repaired), over "
             f"{sum(r.prefixes for r in reports)} trace prefixes in "
             f"{time.monotonic() - started:.0f} s; violations: {len(violations)}; "
             f"workloads exercised: {', '.join(sorted(features))}"
@@ -113,24 +134,30 @@ def test_every_crash_state_of_generated_workloads_keeps_the_contract(
     report_dir = os.environ.get("SPOOL_REPORT_DIR")
     if report_dir:
         figures = {
-            "crash_states": states + during_recovery,
+            "crash_states": states + during_recovery + after_kill,
             "after_workload_crashes": states,
             "after_crashes_during_recovery": during_recovery,
-            "with_flipped_durable_byte": damaged,
+            "after_kill_recovery_power_cut": after_kill,
+            "with_flipped_durable_bits": damaged,
+            "repaired": repaired,
             "violations": len(violations),
             "seconds": round(time.monotonic() - started),
         }
         with open(os.path.join(report_dir, "crash_states.json"), "w") as f:
             json.dump(figures, f, indent=1)
-    assert states + during_recovery >= STATES
+    assert states + during_recovery + after_kill >= STATES
     wanted = {
         "segment created",
         "restart positions replaced",
+        "settings replaced",
         "segment deleted",
+        "segment archived",
         "body file written",
         "body file deleted",
         "recovery interrupted",
-        *(f"workload {name}" for name, _menu in MENUS),
+        "kill, recovery, power cut",
+        *(f"workload {name}" for name, _menu, _outcomes in MENUS),
+        *(f"step {s}" for s in ("open-attempt", "outcomes", "reopen", "bad-operator")),
     }
     assert wanted <= features, f"the workloads never exercised {sorted(wanted - features)}"
     assert not violations, "\n\n".join(str(v) for v in violations[:5])
@@ -142,11 +169,13 @@ def test_the_explorer_catches_every_broken_spool(
 ) -> None:
     """Each mutant breaks one ordering rule; exploring a few workloads must find it."""
     MUTANTS[name](monkeypatch)
-    explorer = Explorer(seed=99, stop_at_first=True, damage_every=3, recovery_every=0)
+    explorer = Explorer(
+        seed=99, stop_at_first=True, damage_every=3, recovery_every=0, kill_every=4, repair=True
+    )
     for seed in range(1, 41):
         base = tempfile.mkdtemp(prefix="spool-mutant-", dir=scratch_base())
         try:
-            recorded = run_workload(base, seed, STEPS)
+            recorded = run_named(base, seed, STEPS)
         except Exception:
             return  # the mutant breaks the spool even without a crash: caught
         finally:

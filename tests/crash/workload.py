@@ -1,13 +1,20 @@
 """Generated workloads for crash exploration, and the ledger of what they were told.
 
 A workload is a seeded, random sequence of steps (accept, an attempt that delivers,
-fails and defers, checkpoint, clock advance, hold, release, delete, retry-now, a clean
-reopen) run single-threaded against a spool on a ``RecordingFS``. Every API call is
-entered in a ``Ledger`` with the length of the I/O trace when it began and when it
-returned, so that for a crash after any prefix of the trace we know exactly which calls
-had been acknowledged and which had merely been issued. Different seeds give different
-orders of operations (a rollover before or after a checkpoint, a deletion right after a
-finish or much later), which is the point: a fixed order can hide a missing fsync.
+fails and defers, an attempt left open across later steps, checkpoint, clock advance,
+hold, release, delete, retry-now, operator calls with bad arguments, outcome
+acknowledgements in random order, a clean reopen with other options) run single-threaded
+against a spool on a ``RecordingFS``. Every acknowledged API call is entered in a
+``Ledger`` with the length of the I/O trace when it began and when it returned, so that
+for a crash after any prefix of the trace we know exactly which calls had been
+acknowledged and which had merely been issued. Different seeds give different orders of
+operations (a rollover before or after a checkpoint, a deletion right after a finish or
+much later), which is the point: a fixed order can hide a missing fsync.
+
+Reopens vary the options the way operators and embedders do: naming nothing (the spool's
+recorded settings apply, as for every CLI command), naming outcome tracking, turning the
+archive on or off, changing the retry classes. Observers (``contract.observe``) open
+naming no setting at all, so a setting the spool forgot would show.
 """
 
 from __future__ import annotations
@@ -19,32 +26,39 @@ from typing import Any
 
 import attrs
 
-from spool import Spool
+from spool import Attempt, Spool
 from spool.crashsim import RecordingFS, Trace
+from spool.errors import SpoolMisuse, UnknownMessage
 from spool.testing import FakeClock
 
-# Spool options for every workload: small segments (rollovers and deletions happen after a
-# few messages), small inline bodies (body files appear), no background timers (the trace
-# must be deterministic: the workload calls checkpoint() itself).
+# The spool's settings for every workload: small segments (rollovers and deletions happen
+# after a few messages), small inline bodies (body files appear). Recorded in the spool.
 RETRY = (60.0, 600.0)
-OPTIONS: dict[str, Any] = {
+RETRY_OTHER = (30.0, 300.0, 900.0)
+SETTINGS: dict[str, Any] = {
     "segment_size": 3000,
     "inline_body_max": 900,
     "retry_intervals": RETRY,
     "max_lifetime": 10**7,
+}
+# This process's tuning: no background timers (the trace must be deterministic: the
+# workload calls checkpoint() itself). Never recorded: every opener names it.
+TUNING: dict[str, Any] = {
     "sync_every": 10**9,
     "sync_interval": 10**9,
     "checkpoint_interval": 10**9,
     "checkpoint_every": 10**9,
 }
+OPTIONS: dict[str, Any] = {**SETTINGS, **TUNING}
 START_TIME = 1_800_000_000.0
+ARCHIVE = "../archive"  # relative to the spool directory: inside the recorded tree
 
 
 @attrs.frozen
 class Call:
     """One acknowledged-or-not API call: ``begin``/``end`` are trace lengths."""
 
-    kind: str  # "accept" or "settle"
+    kind: str  # "accept", "settle" or "ack" (an outcome acknowledgement)
     msg_id: str
     recipients: tuple[str, ...]
     begin: int
@@ -87,6 +101,14 @@ class Ledger:
             for r in c.recipients
         }
 
+    def outcomes_acked(self, prefix: int) -> set[str]:
+        """Messages whose outcome acknowledgement returned before the crash."""
+        return {c.msg_id for c in self.calls if c.kind == "ack" and c.end <= prefix}
+
+    def outcomes_ack_issued(self, prefix: int) -> set[str]:
+        """Messages whose outcome acknowledgement had begun (it may be durable)."""
+        return {c.msg_id for c in self.calls if c.kind == "ack" and c.begin < prefix}
+
 
 @attrs.define
 class Recorded:
@@ -97,6 +119,7 @@ class Recorded:
     name: str
     seed: int
     steps: list[str]
+    outcomes: bool = False
 
 
 STEPS = (
@@ -105,30 +128,54 @@ STEPS = (
     "accept",
     "attempt",
     "attempt",
+    "open-attempt",
+    "finish-open",
     "checkpoint",
     "advance",
     "hold",
     "release",
     "delete",
     "retry",
+    "bad-operator",
+    "outcomes",
     "reopen",
 )
 
 
-# Named workloads: the seed picks one (seed % len), so every exploration mixes them.
-MENUS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("accept-only", ("accept",)),
-    ("accept-deliver-defer", ("accept", "accept", "attempt", "attempt", "advance")),
-    ("rollover-checkpoint-delete", ("accept", "attempt", "attempt", "advance", "checkpoint")),
-    ("operator-and-restart", ("accept", "attempt", "hold", "release", "delete", "retry", "reopen")),
-    ("everything", STEPS),
+# Named workloads: the seed picks one (seed % len), so every exploration mixes them. The
+# flag says whether the workload tracks outcomes (opened with outcomes=True once).
+MENUS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("accept-only", ("accept",), False),
+    ("accept-deliver-defer", ("accept", "accept", "attempt", "attempt", "advance"), False),
+    (
+        "rollover-checkpoint-delete",
+        ("accept", "attempt", "attempt", "advance", "checkpoint"),
+        False,
+    ),
+    (
+        "operator-and-restart",
+        ("accept", "attempt", "hold", "release", "delete", "retry", "reopen", "bad-operator"),
+        False,
+    ),
+    (
+        "attempts-open-across-checkpoints",
+        ("accept", "accept", "open-attempt", "finish-open", "attempt", "checkpoint", "advance"),
+        False,
+    ),
+    (
+        "outcomes-and-reopens",
+        ("accept", "attempt", "attempt", "outcomes", "reopen", "checkpoint", "open-attempt"),
+        True,
+    ),
+    ("everything", STEPS, False),
+    ("everything-with-outcomes", STEPS, True),
 )
 
 
 def run_named(base: str, seed: int, n_steps: int) -> Recorded:
     """Run the named workload that ``seed`` picks."""
-    name, menu = MENUS[seed % len(MENUS)]
-    recorded = run_workload(base, seed, n_steps, menu=menu)
+    name, menu, outcomes = MENUS[seed % len(MENUS)]
+    recorded = run_workload(base, seed, n_steps, menu=menu, outcomes=outcomes)
     recorded.name = name
     return recorded
 
@@ -142,8 +189,12 @@ def trace_features(trace: Trace) -> set[str]:
             features.add("segment created")
         elif op.kind == "rename" and name.endswith("positions"):
             features.add("restart positions replaced")
+        elif op.kind == "rename" and name.endswith("settings"):
+            features.add("settings replaced")
         elif op.kind == "unlink" and name.endswith(".seg"):
             features.add("segment deleted")
+        elif op.kind == "rename" and "archive" in name:
+            features.add("segment archived")
         elif op.kind == "create" and "/bodies/" in name:
             features.add("body file written")
         elif op.kind == "unlink" and "/bodies/" in name:
@@ -151,72 +202,206 @@ def trace_features(trace: Trace) -> set[str]:
     return features
 
 
-def run_workload(base: str, seed: int, n_steps: int, *, menu: tuple[str, ...] = STEPS) -> Recorded:
-    """Run a generated workload in ``base`` (empty) and return its trace and ledger."""
-    rng = random.Random(seed)
-    fs = RecordingFS(base)
-    trace = fs.trace
-    ledger = Ledger()
-    clock = FakeClock(START_TIME)
-    root = os.path.join(base, "spool")
-    sp = Spool.open(root, fs=fs, clock=clock, **OPTIONS)
-    steps: list[str] = []
-    n_msg = 0
+def reopen_options(rng: random.Random, outcomes: bool) -> dict[str, Any]:
+    """The settings a reopen names: often none (the recorded ones apply)."""
+    choice = rng.choice(
+        ["inherit", "inherit", "outcomes", "archive", "no-archive", "other-retry", "retry"]
+    )
+    return {
+        "inherit": {},
+        "outcomes": {"outcomes": outcomes},  # named, unchanged: on stays on, off stays off
+        "archive": {"archive_dir": ARCHIVE},
+        "no-archive": {"archive_dir": None},
+        "other-retry": {"retry_intervals": RETRY_OTHER},
+        "retry": {"retry_intervals": RETRY},
+    }[choice]
+
+
+BAD_OPERATOR_CALLS: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("hold", (5,)),
+    ("hold", (None,)),
+    ("hold", ("",)),
+    ("hold", ("x" * 5000,)),
+    ("hold", ("bad\ud800text",)),
+    ("delete", (b"gone",)),
+    ("delete", ("€" * 2000,)),
+    ("release", ()),
+)
+
+
+class _Workload:
+    """The state of one running workload (module docstring)."""
+
+    def __init__(self, base: str, seed: int, outcomes: bool) -> None:
+        self.rng = random.Random(seed)
+        self.fs = RecordingFS(base)
+        self.trace = self.fs.trace
+        self.ledger = Ledger()
+        self.clock = FakeClock(START_TIME)
+        self.root = os.path.join(base, "spool")
+        self.outcomes = outcomes
+        self.sp = Spool.open(self.root, fs=self.fs, clock=self.clock, outcomes=outcomes, **OPTIONS)
+        self.open: list[tuple[Attempt, set[str]]] = []  # with the recipients reported
+        self.deleting: dict[str, tuple[int, tuple[str, ...]]] = {}  # in flight: begin, rcpts
+        self.n_msg = 0
 
     def call(
-        kind: str, msg: str, rcpts: tuple[str, ...], fn: Callable[..., Any], *args: Any
+        self, kind: str, msg: str, rcpts: tuple[str, ...], fn: Callable[..., Any], *args: Any
     ) -> Any:
-        begin = len(trace)
+        begin = len(self.trace)
         result = fn(*args)
-        ledger.calls.append(Call(kind, msg or str(result), rcpts, begin, len(trace)))
+        self.ledger.calls.append(Call(kind, msg or str(result), rcpts, begin, len(self.trace)))
         return result
 
-    def live() -> list[Any]:
-        return list(sp.list())
+    def step(self, step: str) -> None:
+        getattr(self, "do_" + step.replace("-", "_"))()
 
+    def do_accept(self) -> None:
+        self.n_msg += 1
+        n = self.n_msg
+        rcpts = tuple(f"r{i}@d{n % 3}.example" for i in range(self.rng.randint(1, 3)))
+        size = self.rng.choice((40, 300, 1200))
+        data = bytes([65 + n % 26]) * size
+        self.call("accept", "", rcpts, self.sp.accept, "s@example.org", rcpts, data)
+
+    def report(self, attempt: Attempt, rcpts: tuple[str, ...]) -> set[str]:
+        """Report each of ``rcpts`` delivered, failed, deferred or not at all; the reported."""
+        done = set()
+        for r in rcpts:
+            what = self.rng.choice(("delivered", "failed", "deferred", "deferred", "skip"))
+            if what == "delivered":
+                self.call("settle", attempt.msg_id, (r,), attempt.delivered, [r], "250 ok")
+            elif what == "failed":
+                self.call("settle", attempt.msg_id, (r,), attempt.failed, [r], "550 5.1.1 no")
+            elif what == "deferred":
+                attempt.deferred([r], "451 4.3.0 later")
+            if what != "skip":
+                done.add(r)
+        return done
+
+    def do_attempt(self) -> None:
+        attempt = self.sp.claim()
+        if attempt is None:
+            return
+        attempt.read_data()
+        self.report(attempt, attempt.envelope.recipients)
+        self.close(attempt)
+
+    def do_open_attempt(self) -> None:
+        """Claim and report some recipients, but leave the attempt open for later steps."""
+        attempt = self.sp.claim()
+        if attempt is None:
+            return
+        rcpts = attempt.envelope.recipients
+        reported = self.report(attempt, rcpts[: self.rng.randint(0, len(rcpts) - 1)])
+        self.open.append((attempt, reported))
+
+    def do_finish_open(self) -> None:
+        if not self.open:
+            return
+        attempt, reported = self.open.pop(self.rng.randrange(len(self.open)))
+        self.report(attempt, tuple(r for r in attempt.envelope.recipients if r not in reported))
+        self.close(attempt)
+
+    def close(self, attempt: Attempt) -> None:
+        attempt.close()
+        self._deletes_applied([attempt.msg_id])
+
+    def _deletes_applied(self, msg_ids: list[str]) -> None:
+        """An operator delete of a message in flight takes effect (durably) when its attempt
+        closes: that is when the ledger counts its recipients settled."""
+        for msg_id in msg_ids:
+            if msg_id in self.deleting:
+                begin, rcpts = self.deleting.pop(msg_id)
+                self.ledger.calls.append(Call("settle", msg_id, rcpts, begin, len(self.trace)))
+
+    def do_checkpoint(self) -> None:
+        self.sp.checkpoint()
+
+    def do_advance(self) -> None:
+        self.clock.advance(self.rng.choice(self.sp.options.retry_intervals) + 1)
+
+    def _entry(self) -> Any:
+        entries = list(self.sp.list())
+        return self.rng.choice(entries) if entries else None
+
+    def do_hold(self) -> None:
+        if (entry := self._entry()) is not None:
+            self.sp.hold(entry.msg_id, self.rng.choice(["held", "€ quarantine " * 30]))
+
+    def do_release(self) -> None:
+        entry = self._entry()
+        if entry is not None and entry.held is not None:
+            self.sp.release(entry.msg_id)
+
+    def do_retry(self) -> None:
+        if (entry := self._entry()) is not None:
+            self.sp.retry_now(entry.msg_id)
+
+    def do_delete(self) -> None:
+        entry = self._entry()
+        if entry is None:
+            return
+        in_flight = any(a.msg_id == entry.msg_id for a, _ in self.open)
+        if in_flight:
+            self.deleting[entry.msg_id] = (len(self.trace), entry.recipients)
+            self.sp.delete(entry.msg_id)
+        else:
+            self.call("settle", entry.msg_id, entry.recipients, self.sp.delete, entry.msg_id)
+
+    def do_bad_operator(self) -> None:
+        """Operator calls with bad arguments: a typed error, and not one operation traced."""
+        entry = self._entry()
+        action, args = self.rng.choice(BAD_OPERATOR_CALLS)
+        msg_id: Any = entry.msg_id if entry is not None else "0000000000000000"
+        if action == "release":
+            msg_id = self.rng.choice([5, None, b"6B49D20054D06D28"])
+        before = len(self.trace)
+        try:
+            getattr(self.sp, action)(msg_id, *args)
+        except (SpoolMisuse, UnknownMessage):
+            pass
+        else:
+            raise AssertionError(f"{action}({msg_id!r}, {args!r}) was accepted")
+        assert len(self.trace) == before, f"a refused {action} wrote to the disk"
+
+    def do_outcomes(self) -> None:
+        """Take the outcomes handed out and acknowledge some, in random order."""
+        if not self.sp.options.outcomes:
+            return
+        handed = []
+        while (outcome := self.sp.next_outcome(timeout=0)) is not None:
+            handed.append(outcome.msg_id)
+        self.rng.shuffle(handed)
+        for msg_id in handed[: self.rng.randint(0, len(handed))]:
+            self.call("ack", msg_id, (), self.sp.ack_outcome, msg_id)
+
+    def do_reopen(self) -> None:
+        self.shut()
+        options = reopen_options(self.rng, self.outcomes)
+        self.sp = Spool.open(self.root, fs=self.fs, clock=self.clock, **TUNING, **options)
+
+    def shut(self) -> None:
+        """Close the spool: open attempts are closed (deferred), pending deletes applied."""
+        self.sp.close()
+        self._deletes_applied([a.msg_id for a, _ in self.open])
+        self.open.clear()
+
+
+def run_workload(
+    base: str,
+    seed: int,
+    n_steps: int,
+    *,
+    menu: tuple[str, ...] = STEPS,
+    outcomes: bool = False,
+) -> Recorded:
+    """Run a generated workload in ``base`` (empty) and return its trace and ledger."""
+    work = _Workload(base, seed, outcomes)
+    steps: list[str] = []
     for _ in range(n_steps):
-        step = rng.choice(menu)
+        step = work.rng.choice(menu)
         steps.append(step)
-        if step == "accept":
-            n_msg += 1
-            rcpts = tuple(f"r{i}@d{n_msg % 3}.example" for i in range(rng.randint(1, 3)))
-            size = rng.choice((40, 300, 1200))
-            data = bytes([65 + n_msg % 26]) * size
-            call("accept", "", rcpts, sp.accept, "s@example.org", rcpts, data)
-        elif step == "attempt":
-            attempt = sp.claim()
-            if attempt is None:
-                continue
-            with attempt:
-                attempt.read_data()
-                for r in attempt.envelope.recipients:
-                    what = rng.choice(("delivered", "failed", "deferred", "deferred", "skip"))
-                    if what == "delivered":
-                        call("settle", attempt.msg_id, (r,), attempt.delivered, [r], "250 ok")
-                    elif what == "failed":
-                        call("settle", attempt.msg_id, (r,), attempt.failed, [r], "550 no")
-                    elif what == "deferred":
-                        attempt.deferred([r], "451 later")
-        elif step == "checkpoint":
-            sp.checkpoint()
-        elif step == "advance":
-            clock.advance(rng.choice(RETRY) + 1)
-        elif step in ("hold", "release", "delete", "retry"):
-            entries = live()
-            if not entries:
-                continue
-            entry = rng.choice(entries)
-            if step == "hold":
-                sp.hold(entry.msg_id)
-            elif step == "release":
-                if entry.held is not None:
-                    sp.release(entry.msg_id)
-            elif step == "retry":
-                sp.retry_now(entry.msg_id)
-            else:
-                call("settle", entry.msg_id, entry.recipients, sp.delete, entry.msg_id)
-        elif step == "reopen":
-            sp.close()
-            sp = Spool.open(root, fs=fs, clock=clock, **OPTIONS)
-    sp.close()
-    return Recorded(trace, ledger, f"seed{seed}", seed, steps)
+        work.step(step)
+    work.shut()
+    return Recorded(work.trace, work.ledger, f"seed{seed}", seed, steps, outcomes)

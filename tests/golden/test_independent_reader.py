@@ -152,6 +152,8 @@ def classify(at: Pos, why: str, data: bytes, salt: int, durable: Pos, newest: bo
     """Return quietly if bad bytes at ``at`` are a torn tail; raise ``Damage`` if not."""
     if at < durable or not newest:
         raise Damage(f"{at}: {why}")
+    if at[1] < SEGMENT_HEADER_SIZE and data[:SECTOR].strip(b"\0"):
+        raise Damage(f"{at}: {why}, in a header sector that was written")
     if at[1] >= SEGMENT_HEADER_SIZE and not looks_torn(data, at[1], salt):
         raise Damage(f"{at}: {why}, and valid frames follow")
 

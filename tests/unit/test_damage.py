@@ -1,0 +1,279 @@
+"""Damage set aside by a repair, and what recovery makes of the markers it leaves.
+
+Goal: every way a ``damaged`` marker can stand in the log is read as docs/format.md says,
+in process (the repair tests of tests/contract run the real ``spool`` command in a
+subprocess; these pin each rule on its own). Method: real spools, damage by flipping bits
+of the real files (two bits in one frame: beyond single-bit correction), the repair run in
+process, then recovery; crash states are built with the recording file system where an
+attempt must still be open.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import cbor2
+import pytest
+
+from spool import CorruptSpool, Spool
+from spool import format as fmt
+from spool import records as rec
+from spool.check import repair_spool
+from spool.crashsim import CrashSimulator, RecordingFS
+from spool.damage import RECORD_FRAME_MIN, _sized_marker
+from spool.fs import FileSystem
+from spool.queue_view import walk
+from spool.records import Position
+from spool.testing import FakeClock
+from tests.unit.test_recovery_edges import append_batch, frame_of, salt_of
+
+FS = FileSystem()
+
+
+def flip(path: Path, *offsets: int) -> None:
+    data = bytearray(path.read_bytes())
+    for offset in offsets:
+        data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def records_of(root: Path, kind: type) -> list[tuple[Position, rec.Record]]:
+    return [(p, r) for p, r, _f in walk(FS, str(root)) if isinstance(r, kind)]
+
+
+def segment(root: Path, number: int) -> Path:
+    return root / fmt.LOG_DIR / fmt.segment_name(number)
+
+
+def newest(root: Path) -> Path:
+    return sorted((root / fmt.LOG_DIR).iterdir())[-1]
+
+
+def crashed_with_open_attempt(tmp_path: Path, delivered: bool = True) -> tuple[Path, str]:
+    """A spool whose owner crashed with an attempt open (one recipient delivered if asked)
+    after a checkpoint: the state a power cut leaves at the end of the trace."""
+    base = tmp_path / "w"
+    fs = RecordingFS(str(base))
+    sp = Spool.open(str(base / "spool"), fs=fs, clock=FakeClock(), checkpoint_interval=10**6)
+    msg = sp.accept("a@example.org", ["b@example.net", "c@example.net"], b"x" * 200)
+    attempt = sp.claim()
+    assert attempt is not None
+    if delivered:
+        attempt.delivered(["b@example.net"], "250 ok")
+    sp.checkpoint()  # the start and the delta are durable, the attempt still open
+    sim = CrashSimulator(fs.trace)
+    state = sim.build(len(fs.trace), [])
+    state.write(str(tmp_path / "state"))
+    return tmp_path / "state" / "spool", msg
+
+
+# --- markers as records -----------------------------------------------------------------
+
+
+def test_a_marker_keeps_every_field_and_takes_any_size_from_the_smallest_up() -> None:
+    marker = rec.Control(
+        rec.DAMAGED,
+        "6B49D20054D06D28",
+        1.8e9,
+        7,
+        "corrupt/x.bad",
+        "start",
+        (Position(3, 512), Position(4, 32)),
+    )
+    assert rec.decode(*rec.encode(marker)) == marker
+    smallest = len(cbor2.dumps(rec.control_map(rec.Control(rec.DAMAGED, "", 0))))
+    for size in range(smallest + 3, 2000):
+        payload = _sized_marker(rec.Control(rec.DAMAGED, "", 0), size)
+        assert payload is not None and len(payload) == size, size
+        assert rec.decode(fmt.T_CONTROL, payload) == rec.Control(rec.DAMAGED, "", 0)
+    assert smallest + fmt.FRAME_HEADER_SIZE < RECORD_FRAME_MIN
+
+
+def test_a_marker_naming_bad_positions_is_corruption() -> None:
+    with pytest.raises(rec.RecordError):
+        rec.decode(fmt.T_CONTROL, cbor2.dumps({"act": "damaged", "tgt": "", "ts": 0, "sup": 5}))
+
+
+# --- what recovery makes of them ---------------------------------------------------------
+
+
+def test_a_start_damaged_beyond_correction_is_carried_by_its_marker(tmp_path: Path) -> None:
+    # Two bits of the start's time flipped: no single bit explains it, but it still reads
+    # as the start of the message's live envelope. Its marker stands for it: the attempt
+    # counts its delivered delta, so "b" is not attempted again.
+    root, _msg = crashed_with_open_attempt(tmp_path)
+    ((pos, start),) = records_of(root, rec.Start)
+    raw = segment(root, pos.segment).read_bytes()
+    ts = raw.index(b"bts\xfb", pos.offset) + 5  # inside the float
+    flip(segment(root, pos.segment), ts, ts + 2)
+    report = repair_spool(str(root))
+    assert report.after.clean, report.after.problems
+    ((_m, marker),) = [(p, r) for p, r in records_of(root, rec.Control) if r.action == "damaged"]
+    assert marker.lost == "start" and marker.sup == (start.envelope_at,)
+    with Spool.open(root) as sp:
+        assert [e.recipients for e in sp.list()] == [("c@example.net",)]
+
+
+def test_a_start_naming_an_envelope_inside_a_marker_finishes_with_what_survived(
+    tmp_path: Path,
+) -> None:
+    # The envelope of a message in flight is damaged past reading (R5): its recipients are
+    # unknown but for the one the delta settled; it is finished with that outcome, never
+    # attempted from a guess.
+    root, _msg = crashed_with_open_attempt(tmp_path)
+    ((pos, _env),) = records_of(root, rec.Envelope)
+    flip(segment(root, pos.segment), pos.offset + 9, pos.offset + 10)  # the CBOR map header
+    report = repair_spool(str(root))
+    assert report.after.clean, report.after.problems
+    ((_p, finish),) = records_of(root, rec.Finish)
+    assert finish.reason == "envelope lost to disk damage"
+    assert [(o.recipient, o.status) for o in finish.outcomes] == [("b@example.net", "delivered")]
+    with Spool.open(root) as sp:
+        assert list(sp.list()) == []
+
+
+def test_a_start_whose_retired_envelope_lost_its_replacement_is_finished(tmp_path: Path) -> None:
+    # The replacement that closed an attempt is damaged past reading, and the envelope the
+    # attempt started from is in a segment retired since: recovery cannot rebuild the
+    # replacement, so the message is finished with what its deltas settled (R5).
+    root = tmp_path / "spool"
+    clock = FakeClock()
+    options = {"segment_size": 1024, "retry_intervals": [60], "inline_body_max": 100}
+    with Spool.open(root, clock=clock, **options) as sp:  # a body file: no segment pin
+        msg = sp.accept("a@example.org", ["b@example.net", "c@example.net"], b"x" * 200)
+        attempt = sp.claim()
+        assert attempt is not None
+        attempt.delivered(["b@example.net"], "250 ok")
+        attempt.deferred(["c@example.net"], "451 later")
+        attempt.close()
+        for i in range(8):  # fill and deliver other mail until the first segment retires
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"y" * 300)
+            other = sp.claim()
+            assert other is not None and other.msg_id != msg
+            other.delivered(other.envelope.recipients, "250 ok")
+            other.close()
+            sp.checkpoint()
+    first_envelope_segment = 1
+    assert not segment(root, first_envelope_segment).exists()
+    ((pos, _replacement),) = [(p, r) for p, r in records_of(root, rec.Envelope) if r.msg_id == msg]
+    flip(segment(root, pos.segment), pos.offset + 9, pos.offset + 10)
+    report = repair_spool(str(root))
+    assert report.after.clean, report.after.problems
+    ((_p, finish),) = [(p, r) for p, r in records_of(root, rec.Finish) if r.msg_id == msg]
+    assert finish.reason == "envelope lost to disk damage"
+    assert [(o.recipient, o.status) for o in finish.outcomes] == [("b@example.net", "delivered")]
+
+
+def test_a_tiny_body_set_aside_is_padding_of_its_exact_size_after_its_envelope(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        tiny = sp.accept("a@example.org", ["b@example.net"], b"hi")
+        kept = sp.accept("a@example.org", ["c@example.net"], b"second message")
+    seg = segment(root, 1)
+    at = seg.read_bytes().index(b"hi", 600)
+    flip(seg, at, at + 1)
+    report = repair_spool(str(root))
+    assert report.after.clean and any(m == tiny for m, _fate in report.fates)
+    ((pos, env),) = [(p, r) for p, r in records_of(root, rec.Envelope) if r.msg_id == tiny]
+    frames = [(p, f) for p, _r, f in walk(FS, str(root), skip_bodies=False)]
+    after = next(f for p, f in frames if p > pos)
+    assert after is not None and after.type == fmt.T_PAD
+    assert after.size == fmt.FRAME_HEADER_SIZE + fmt.MSG_ID_LENGTH + env.body.size
+    with Spool.open(root) as sp:
+        assert [e.msg_id for e in sp.list()] == [kept]
+
+
+def test_a_body_set_aside_is_a_marker_right_after_its_envelope(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        lost = sp.accept("a@example.org", ["b@example.net"], b"body of the lost one " * 10)
+        kept = sp.accept("a@example.org", ["c@example.net"], b"second message")
+    seg = segment(root, 1)
+    at = seg.read_bytes().index(b"body of the lost one")
+    flip(seg, at, at + 7)
+    report = repair_spool(str(root))
+    assert report.after.clean and [m for m, _fate in report.fates] == [lost]
+    ((pos, _env),) = [(p, r) for p, r in records_of(root, rec.Envelope) if r.msg_id == lost]
+    marker = next(r for p, r in records_of(root, rec.Control) if p > pos)
+    assert marker.action == "damaged" and marker.body > 0
+    with Spool.open(root) as sp:  # the pair reads as one: the envelope and its lost body
+        assert [e.msg_id for e in sp.list()] == [kept]
+
+
+@pytest.mark.parametrize("after", ["start", "control"])
+def test_a_first_envelope_followed_by_anything_but_its_body_is_corrupt(
+    tmp_path: Path, after: str
+) -> None:
+    from spool.framing import encode_frame
+
+    root = tmp_path / "spool"
+    Spool.open(root).close()
+    path = str(newest(root))
+    env = rec.Envelope(
+        "6B0357990E172DB3",
+        "a@example.org",
+        ("b@example.net",),
+        1.8e9,
+        1.8e9,
+        rec.BodyRef(rec.BODY_INLINE, 5),
+    )
+    if after == "start":
+        follower = frame_of(rec.Start("6B0357990E172DB3", Position(1, 32), 0, 1.8e9), path)
+    else:  # a control frame whose payload is no record
+        follower = encode_frame(fmt.T_CONTROL, b"\xff not cbor", salt_of(path))
+    append_batch(path, frame_of(env, path) + follower)
+    with pytest.raises(CorruptSpool, match="envelope without its body"):
+        Spool.open(root)
+
+
+def test_a_first_envelope_followed_by_an_unreadable_control_record_is_corrupt(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "spool"
+    Spool.open(root).close()
+    path = str(newest(root))
+    env = rec.Envelope(
+        "6B0357990E172DB3",
+        "a@example.org",
+        ("b@example.net",),
+        1.8e9,
+        1.8e9,
+        rec.BodyRef(rec.BODY_INLINE, 5),
+    )
+    from spool.framing import encode_frame
+
+    junk = encode_frame(fmt.T_CONTROL, b"\xff not cbor", salt_of(path))
+    append_batch(path, frame_of(env, path) + junk)
+    with pytest.raises(CorruptSpool, match="envelope without its body"):
+        Spool.open(root)
+
+
+@pytest.mark.parametrize("names", ["two envelopes", "no segment", "padding", "a start"])
+def test_a_start_marker_that_names_no_envelope_starts_nothing(tmp_path: Path, names: str) -> None:
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        kept = sp.accept("a@example.org", ["b@example.net"], b"x")
+        with sp.claim() as attempt:  # type: ignore[union-attr]
+            attempt.deferred(["b@example.net"], "451 later")
+        sp.retry_now(kept)
+    ((start, _s),) = records_of(root, rec.Start)
+    envelopes = [p for p, _r in records_of(root, rec.Envelope)]
+    sup = {
+        "two envelopes": tuple(envelopes[:2]),  # a start names exactly one envelope
+        "no segment": (Position(99, 32),),
+        "padding": (Position(1, 32),),  # the first batch of a segment: a PAD frame
+        "a start": (start,),  # a record, but no envelope
+    }[names]
+    Spool.open(root).close()  # a fresh newest segment to append to
+    path = str(newest(root))
+    marker = rec.Control(rec.DAMAGED, "", 0, lost="start", sup=sup)
+    append_batch(path, frame_of(marker, path))
+    with Spool.open(root) as sp:
+        assert sp.recovery.working_found == 0
+        assert [e.msg_id for e in sp.list()] == [kept]
+    # (The check, for its part, holds every live message suspect: a start of unknown
+    # message was lost. That is a repair's judgement, not recovery's.)
+    assert os.path.exists(path)
