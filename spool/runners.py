@@ -67,8 +67,10 @@ class Runner:
         interval: float,
         last: bool,
         start: Position,
+        written_at: Callable[[Position, Envelope], float],
     ) -> None:
         self.klass = klass
+        self._written_at = written_at  # when an envelope counts as written (clock.py)
         self.interval = interval
         self.last = last
         self._reader = LogCursor(
@@ -151,7 +153,7 @@ class Runner:
                     continue
                 self._peek = (pos, env, frame.size)
             pos, env, size = self._peek
-            due = env.written_at + self.interval
+            due = self._written_at(pos, env) + self.interval
             if due > now:
                 return NotDue(due)
             self._peek = None

@@ -48,6 +48,7 @@ from spool import records as rec
 from spool.addresses import check_mailbox, check_sender, mailbox_key
 from spool.arguments import check_msg_id, check_seconds, check_text
 from spool.bodies import read_body, read_inline_body, write_body_file
+from spool.clock import Clock, SpoolTime, SystemClock, as_clock
 from spool.errors import (
     BadSpoolDirectory,
     CorruptSpool,
@@ -127,6 +128,7 @@ class SpoolStatistics:
     checkpoints: int
     bodies_promoted: int
     deleted: int
+    clock_skew: float  # wall clock minus the spool's time: how far it stepped (clock.py)
 
 
 @attrs.define
@@ -230,15 +232,16 @@ class Spool:
         sync_interval: float = 1.0,
         checkpoint_interval: float = 30.0,
         checkpoint_every: int = 100_000,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | Callable[[], float] | None = None,
         fs: FileSystem | None = None,
     ) -> Spool:
         """Open (creating or recovering) the spool at ``path``. docs/api.md lists options.
 
         Sizes are in bytes, times in seconds. The spool's settings (the first group) default
         to the values the spool recorded, so every opener behaves as the owner does; naming
-        one changes it for good (``options.py``). ``clock`` gives the time used for retry
-        scheduling and timestamps; tests inject one. ``fs`` is the file-system seam.
+        one changes it for good (``options.py``). ``clock`` gives the wall and monotonic
+        clocks (``clock.py`` says how the spool's time follows them); tests inject one.
+        ``fs`` is the file-system seam.
         Raises ``SpoolMisuse`` for an invalid option before touching the directory.
         """
         given: dict[str, Any] = {
@@ -259,20 +262,24 @@ class Spool:
             "checkpoint_every": checkpoint_every,
         }
         resolve_options({}, given)  # every value checked before the directory is touched
-        if not callable(clock):
-            raise SpoolMisuse(f"clock must be a callable returning seconds, not {clock!r}")
+        if clock is None:
+            clock = SystemClock()
+        elif not isinstance(clock, Clock) and not callable(clock):
+            raise SpoolMisuse(
+                f"clock must be a Clock or a callable returning seconds, not {clock!r}"
+            )
         self = object.__new__(cls)
-        self._init(os.fspath(path), fs or FileSystem(), given, clock)
+        self._init(os.fspath(path), fs or FileSystem(), given, as_clock(clock))
         return self
 
     # --- opening -----------------------------------------------------------------------
 
     def _init(
-        self, path: str, fs: FileSystem, given: dict[str, Any], clock: Callable[[], float]
+        self, path: str, fs: FileSystem, given: dict[str, Any], clock: Clock
     ) -> None:
         self.path = path
         self._fs = fs
-        self._clock = clock
+        self._time = SpoolTime(clock)
         self._pid = os.getpid()
         self._log_dir = os.path.join(path, fmt.LOG_DIR)
         self._body_dir = os.path.join(path, fmt.BODY_DIR)
@@ -405,7 +412,9 @@ class Spool:
 
     def _recover_and_start(self) -> None:
         options = self.options
-        state = recover(self._fs, self.path, options=options, clock=self._clock)
+        state = recover(self._fs, self.path, options=options, clock=self._time.now)
+        # Everything recovery read was written by earlier opens, under their own clocks.
+        self._time.epoch = Position(state.next_segment, 0)
         self.recovery: RecoveryReport = state.report
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
@@ -422,7 +431,6 @@ class Spool:
         self._free_ok = True
         self._prefer_incoming = True
         self._deferred_turn = 0
-        self._last_written_at = 0.0
         self._since_checkpoint = 0
         self._doomed_bodies: list[str] = list(state.bodies_to_remove)
         self._outcomes = OutcomeReader(
@@ -446,6 +454,7 @@ class Spool:
                 options.interval(k),
                 k == options.last_class,
                 state.cursors[k],
+                self._time.written_at,
             )
             for k in range(options.last_class + 1)
         ]
@@ -595,7 +604,7 @@ class Spool:
                     if left <= 0:
                         return None
                     if attempt_or_wake is not None:
-                        left = min(left, max(0.001, attempt_or_wake - self._clock()))
+                        left = min(left, max(0.001, attempt_or_wake - self._time.now()))
                     self._cond.wait(min(left, WAIT_MAX))
                     continue
             # Runners read only the durable log. Replacement envelopes are written without
@@ -647,7 +656,7 @@ class Spool:
                     self._reappend(pos, env, size, now)
                     continue
                 state = self._start(pos, env, size, now)
-                if env.accepted_at + self.max_lifetime <= now:
+                if self._time.accepted_at(pos, env) + self.max_lifetime <= now:
                     self._expire(state, now)
                     continue
                 if runner.klass == 0:
@@ -660,6 +669,7 @@ class Spool:
 
     def _start(self, pos: Position, env: rec.Envelope, size: int, now: float) -> _InFlight:
         """Write the start record (supersedes the envelope) and track the attempt."""
+        env = self._accepted_as_of_now(pos, env)
         body = resolve_body(env, pos, size)
         start = rec.Start(env.msg_id, pos, env.klass, now)
         # Not waited for: if a crash loses it, the envelope is still live and is attempted
@@ -847,6 +857,7 @@ class Spool:
 
     def _reappend(self, pos: Position, env: rec.Envelope, size: int, now: float) -> None:
         """Copy a held envelope to the head of the log so that its segment can go."""
+        env = self._accepted_as_of_now(pos, env)
         old = resolve_body(env, pos, size)
         body, promoted_from = self._promote(env, old, env.klass, env.held, now)
         # Not waited for: if lost, the old envelope is still live and is re-appended again.
@@ -864,8 +875,12 @@ class Spool:
         Every call encodes what it writes before it changes any state, so a record that
         cannot be written refuses the call and changes nothing. The limits on what callers
         give (options.py: recipients, text sizes) keep every record inside a frame; this
-        check makes sure, with a typed error rather than an assertion.
+        check makes sure, with a typed error rather than an assertion. An envelope whose
+        acceptance was stamped after this write (by an earlier open's clock) is written
+        with the write's time as its acceptance (``clock.py``).
         """
+        if isinstance(record, rec.Envelope) and record.accepted_at > record.written_at:
+            record = attrs.evolve(record, accepted_at=record.written_at)
         ftype, payload = rec.encode(record)
         if len(payload) > fmt.FRAME_PAYLOAD_MAX:
             subject = record.target if isinstance(record, rec.Control) else record.msg_id
@@ -966,7 +981,7 @@ class Spool:
             body_refs=dict(self._body_refs),
             front=min([*cursors, working, *pinned]),
             outcome_front=outcome_front,
-            written_at=self._clock(),
+            written_at=self._now(),
             outcome_acked=acked,
             retry_intervals=self.retry_intervals,
             settings={**self.options.settings(), "retry_intervals": list(self.retry_intervals)},
@@ -1205,6 +1220,7 @@ class Spool:
             )
         now = self._now()
         pos = entry.envelope_at
+        env = self._accepted_as_of_now(pos, env)
         if action is OperatorAction.DELETE:
             state = self._start(pos, env, frame.size, now)
             self._superseded.add(pos)
@@ -1298,6 +1314,7 @@ class Spool:
                 checkpoints=c["checkpoints"],
                 bodies_promoted=c["bodies_promoted"],
                 deleted=c["deleted"],
+                clock_skew=self._time.skew(),
             )
 
     def sync(self) -> None:
@@ -1363,12 +1380,16 @@ class Spool:
             raise SpoolClosed(f"spool {self.path} is closed; open it again to continue")
 
     def _now(self) -> float:
-        """Clock time, never earlier than the last time written (the log stays ordered)."""
-        now = self._clock()
-        if now < self._last_written_at:
-            now = self._last_written_at
-        self._last_written_at = now
-        return now
+        """The spool's time (``clock.py``): it never goes back within an open."""
+        return self._time.now()
+
+    def _accepted_as_of_now(self, pos: Position, env: rec.Envelope) -> rec.Envelope:
+        """``env`` as its rewrite carries it: an acceptance an earlier open stamped in the
+        future counts from this open (``clock.py``), here and in every later envelope."""
+        accepted_at = self._time.accepted_at(pos, env)
+        if accepted_at == env.accepted_at:
+            return env
+        return attrs.evolve(env, accepted_at=accepted_at)
 
     def _on_durable(self, end: Position) -> None:
         with self._lock:

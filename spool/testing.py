@@ -21,17 +21,35 @@ if TYPE_CHECKING:
 
 
 class FakeClock:
-    """A clock for ``Spool.open(clock=...)`` that moves only when told. Thread-safe."""
+    """A clock for ``Spool.open(clock=...)`` that moves only when told. Thread-safe.
+
+    ``advance`` lets time pass (both clocks move); ``step`` sets the wall clock forward or
+    back without time passing, as an administrator or a time daemon stepping it does.
+    Calling the clock reads its wall clock.
+    """
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
         self._now = start
+        self._elapsed = 0.0
         self._lock = threading.Lock()
 
     def __call__(self) -> float:
+        return self.wall()
+
+    def wall(self) -> float:
         with self._lock:
             return self._now
 
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._elapsed
+
     def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+            self._elapsed += seconds
+
+    def step(self, seconds: float) -> None:
         with self._lock:
             self._now += seconds
 
