@@ -19,10 +19,19 @@ from spool.errors import (
     UnknownMessage,
 )
 from spool.options import SpoolOptions
+from spool.queue_view import QueueEntry
 from spool.recovery import RecoveryReport
-from spool.spool import Attempt, MessageEnvelope, Spool, SpoolStatistics
+from spool.spool import (
+    ActionResult,
+    Attempt,
+    MessageEnvelope,
+    OperatorAction,
+    Spool,
+    SpoolStatistics,
+)
 
 __all__ = [
+    "ActionResult",
     "Attempt",
     "BadSpoolDirectory",
     "CorruptSpool",
@@ -31,6 +40,8 @@ __all__ = [
     "InvalidMessage",
     "MessageEnvelope",
     "MessageTooLarge",
+    "OperatorAction",
+    "QueueEntry",
     "RecoveryReport",
     "Spool",
     "SpoolClosed",

@@ -38,7 +38,7 @@ from spool.positions import load_positions
 from spool.queue_view import QueueEntry, history, live_messages, walk
 from spool.records import Position
 from spool.recovery import recover
-from spool.spool import Spool
+from spool.spool import OperatorAction, Spool
 
 F = TypeVar("F", bound=Callable[..., Any])
 DIR = click.argument("directory", type=click.Path(file_okay=False))
@@ -616,74 +616,111 @@ def records_from(
         yield pos, record, frame
 
 
-def operator_command(name: str, action: Callable[[Spool, str], Any], help_text: str) -> None:
-    @main.command(name=name, help=help_text)
-    @DIR
-    @click.argument("msg_ids", nargs=-1, required=True)
-    @handle_errors
-    def command(directory: str, msg_ids: tuple[str, ...]) -> None:
-        failed = 0
+SELECTION = (
+    click.option("--all", "everything", is_flag=True, help="Every live message."),
+    click.option("--sender", help="Only senders containing this text."),
+    click.option("--recipient", help="Only messages with a recipient containing this."),
+    click.option("--held", is_flag=True, help="Only held messages."),
+    click.option("--older-than", type=parse_duration, help="Only messages older than this."),
+)
+# What each action did to a message, for the summary line.
+DONE = {
+    OperatorAction.HOLD: "held",
+    OperatorAction.RELEASE: "released (due now)",
+    OperatorAction.DELETE: "deleted",
+    OperatorAction.RETRY: "due now",
+}
+
+
+def selected_ids(msg_ids: tuple[str, ...]) -> list[str] | None:
+    """The ids named on the command line; ``-`` reads them from standard input (one or more
+    a line, as ``postsuper -d -``); None when none were named."""
+    if not msg_ids:
+        return None
+    ids: list[str] = []
+    for name in msg_ids:
+        ids.extend(sys.stdin.read().split() if name == "-" else [name])
+    return ids
+
+
+def operator_command(action: OperatorAction, help_text: str, reason: bool = False) -> None:
+    """Register ``spool hold`` and its kin: ids, ``-``, ``--all`` or filters; one walk."""
+
+    def command(
+        directory: str,
+        msg_ids: tuple[str, ...],
+        everything: bool,
+        sender: str | None,
+        recipient: str | None,
+        held: bool,
+        older_than: float | None,
+        reason: str | None = None,
+    ) -> None:
+        ids = selected_ids(msg_ids)
+        filtered = sender is not None or recipient is not None or held or older_than is not None
+        if ids is None and not (everything or filtered):
+            raise click.UsageError(
+                "name messages (ids, or - to read them), or give --all or a filter"
+            )
+        if ids is not None and everything:
+            raise click.UsageError("give message ids or --all, not both")
+        now = time.time()
+        where = (
+            (lambda e: matches(e, sender, recipient, held, older_than, now)) if filtered else None
+        )
         with open_spool(directory) as sp:
-            for msg_id in msg_ids:
-                try:
-                    action(sp, msg_id)
-                    click.echo(f"{msg_id}: {name} done")
-                except (KeyError, ValueError) as exc:
-                    text = exc.args[0] if exc.args else str(exc)
-                    click.echo(f"spool: {msg_id}: {text}", err=True)
-                    failed += 1
-        if failed:
+            result = sp.act(action, ids, where=where, reason=reason)
+        for msg_id in result.unknown:
+            click.echo(f"spool: {msg_id}: no such message in the spool", err=True)
+        for why in result.refused.values():
+            click.echo(f"spool: {why}", err=True)
+        summary = f"{len(result.changed)} message(s) {DONE[action]}"
+        if result.unchanged:
+            summary += f", {len(result.unchanged)} unchanged (nothing to do)"
+        click.echo(summary)
+        if result.unknown or result.refused:
             sys.exit(1)
 
+    command = handle_errors(command)
+    for option in reversed(SELECTION):
+        command = option(command)
+    if reason:
+        command = click.option("--reason", help="The reason recorded (and quoted).")(command)
+    command = click.argument("msg_ids", nargs=-1)(command)
+    command = DIR(command)
+    main.command(name=action.value, help=help_text)(command)
 
+
+EXAMPLES = "\n\n\b\nExamples:\n"
 operator_command(
-    "hold",
-    lambda sp, m: sp.hold(m),
-    "Hold messages: no attempts until released (postsuper -h).\n\n"
-    "\b\nExample:\n  spool hold var/spool 6B49D2000F5A1C33",
+    OperatorAction.HOLD,
+    "Hold messages: no attempts until released (postsuper -h)."
+    + EXAMPLES
+    + "  spool hold var/spool 6B49D2000F5A1C33\n"
+    + "  spool hold var/spool --recipient @example.net --reason 'their MX is down'",
+    reason=True,
 )
 operator_command(
-    "release",
-    lambda sp, m: sp.release(m),
-    "Release held messages; they are due at once (postsuper -H).\n\n"
-    "\b\nExample:\n  spool release var/spool 6B49D2000F5A1C33",
+    OperatorAction.RELEASE,
+    "Release held messages; they are due at once (postsuper -H)."
+    + EXAMPLES
+    + "  spool release var/spool 6B49D2000F5A1C33\n  spool release var/spool --held",
 )
 operator_command(
-    "delete",
-    lambda sp, m: sp.delete(m),
+    OperatorAction.DELETE,
     "Delete messages: pending recipients fail with a reply naming the operator "
-    "(postsuper -d).\n\n\b\nExample:\n  spool delete var/spool 6B49D2000F5A1C33",
+    "(postsuper -d)."
+    + EXAMPLES
+    + "  spool delete var/spool 6B49D2000F5A1C33\n"
+    + "  spool list var/spool --sender spam@ --json | jq -r .msg_id | spool delete var/spool -",
+    reason=True,
 )
-
-
-@main.command()
-@DIR
-@click.argument("msg_ids", nargs=-1)
-@click.option("--all", "everything", is_flag=True, help="Every deferred message (postqueue -f).")
-@handle_errors
-def retry(directory: str, msg_ids: tuple[str, ...], everything: bool) -> None:
-    """Make deferred messages due now.
-
-    \b
-    Example:
-      spool retry var/spool 6B49D2000F5A1C33
-      spool retry --all var/spool
-    """
-    if not msg_ids and not everything:
-        raise click.UsageError("give message ids or --all")
-    with open_spool(directory) as sp:
-        if everything:
-            click.echo(f"{sp.retry_now()} deferred messages are due now")
-        failed = 0
-        for msg_id in msg_ids:
-            try:
-                changed = sp.retry_now(msg_id)
-                click.echo(f"{msg_id}: {'due now' if changed else 'nothing to do (not deferred)'}")
-            except KeyError as exc:
-                click.echo(f"spool: {exc.args[0]}", err=True)
-                failed += 1
-    if failed:
-        sys.exit(1)
+operator_command(
+    OperatorAction.RETRY,
+    "Make deferred messages due now (postqueue -f, postqueue -i)."
+    + EXAMPLES
+    + "  spool retry var/spool 6B49D2000F5A1C33\n  spool retry var/spool --all",
+)
 
 
 @main.command()
@@ -714,7 +751,12 @@ def checkpoint(directory: str) -> None:
       spool checkpoint var/spool
     """
     with open_spool(directory) as sp:
+        before = sp.statistics().checkpoints
         positions = sp.checkpoint()
+        written = sp.statistics().checkpoints > before
+    if not written:
+        click.echo("positions current: nothing happened since they were written")
+        return
     click.echo(
         f"positions written: consistent up to {positions.consistent}, "
         f"garbage front {positions.front}"

@@ -149,6 +149,10 @@ class RecoveredState:
     to_write: list[rec.Record]
     working_at: list[Position]
     report: RecoveryReport
+    # The positions file describes the log exactly as found (nothing past its consistent
+    # end, nothing decided, nothing to remove): an open that appends nothing need not
+    # write it again, so a command that changes nothing writes nothing.
+    positions_current: bool = False
 
 
 def _scan_start(
@@ -209,6 +213,7 @@ def recover(
     acked: set[str] = set(positions.outcome_acked) if positions else set()
     dead_bodies: list[str] = []
     records = 0
+    past_positions = 0  # frames at or after the positions' consistent end
     # A message's first envelope and its BODY frame are appended as one piece; the
     # envelope counts only once its body has been read (see _unpaired_envelope).
     awaiting: tuple[Position, rec.Envelope, int] | None = None
@@ -216,6 +221,7 @@ def recover(
     try:
         for pos, frame in cursor:
             records += 1
+            past_positions += pos >= consistent
             if awaiting is not None:
                 env_at, env, env_size = awaiting
                 if not _is_body_after(frame, pos, env_at, env, env_size):
@@ -292,6 +298,13 @@ def recover(
         to_write=to_write,
         working_at=live,
         report=report,
+        positions_current=(
+            positions is not None
+            and torn is None
+            and past_positions == 0
+            and consistent.segment == segments[-1]
+            and not (to_write or dead_bodies or damaged or live)
+        ),
     )
 
 

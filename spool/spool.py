@@ -97,6 +97,32 @@ class OperatorAction(enum.Enum):
 
 
 @attrs.frozen
+class ActionResult:
+    """What ``Spool.act`` did, message by message (ids in the order they were given)."""
+
+    changed: tuple[str, ...]  # the action took effect (durable)
+    unchanged: tuple[str, ...]  # nothing to do: already held, not deferred, ...
+    unknown: tuple[str, ...]  # not in the spool (never was, or finished)
+    refused: dict[str, str]  # the action does not apply (a release of mail not held): why
+
+
+@attrs.define
+class _ActionTally:
+    changed: list[str] = attrs.Factory(list)
+    unchanged: list[str] = attrs.Factory(list)
+    unknown: list[str] = attrs.Factory(list)
+    refused: dict[str, str] = attrs.Factory(dict)
+
+    def add(self, msg_id: str, changed: bool | int) -> None:
+        (self.changed if changed else self.unchanged).append(msg_id)
+
+    def freeze(self) -> ActionResult:
+        return ActionResult(
+            tuple(self.changed), tuple(self.unchanged), tuple(self.unknown), dict(self.refused)
+        )
+
+
+@attrs.frozen
 class MessageEnvelope:
     """What a delivery agent sees of a message it is attempting. Plain values only."""
 
@@ -274,9 +300,7 @@ class Spool:
 
     # --- opening -----------------------------------------------------------------------
 
-    def _init(
-        self, path: str, fs: FileSystem, given: dict[str, Any], clock: Clock
-    ) -> None:
+    def _init(self, path: str, fs: FileSystem, given: dict[str, Any], clock: Clock) -> None:
         self.path = path
         self._fs = fs
         self._time = SpoolTime(clock)
@@ -324,7 +348,10 @@ class Spool:
         if self.archive_path is not None:
             self._prepare_archive(self.archive_path)
         has_file = os.path.exists(os.path.join(self.path, fmt.SETTINGS_NAME))
-        if not has_file or resolve_options(recorded, {}).settings() != options.settings():
+        self._settings_changed = (
+            not has_file or resolve_options(recorded, {}).settings() != options.settings()
+        )
+        if self._settings_changed:
             try:
                 store_settings(self._fs, self.path, options)
             except OSError as exc:
@@ -459,6 +486,9 @@ class Spool:
             for k in range(options.last_class + 1)
         ]
 
+        # The positions (which carry a copy of the settings) need writing at this open
+        # only if recovery or the settings changed what they describe.
+        self._positions_current = state.positions_current and not self._settings_changed
         self._write_recovery_records(state)
         self.checkpoint()
         self._checkpointer = threading.Thread(
@@ -937,8 +967,21 @@ class Spool:
                 self._check_open()
                 self._close_abandoned()
                 positions = self._capture_positions()
+                if (
+                    self._positions_current
+                    and self._writer.untouched
+                    and not (self._doomed_bodies or self._in_flight)
+                ):
+                    # Nothing happened since the positions on disk were written: they
+                    # still describe the log; writing them again would change nothing.
+                    return positions
+                self._positions_current = False
                 doomed, self._doomed_bodies = self._doomed_bodies, []
                 self._since_checkpoint = 0
+            if self._writer.untouched:
+                # The positions will point into this open's first segment: create it.
+                # A crash right after leaves an empty segment, which recovery removes.
+                self._writer.create_segment()
             self._writer.sync()  # (P1): everything before positions.consistent is durable
             try:
                 self._remove_bodies(doomed)
@@ -1140,40 +1183,97 @@ class Spool:
         """Make one deferred message (or all, with None) due now; return how many."""
         if msg_id is not None:
             return self._operator_action(msg_id, OperatorAction.RETRY, None)
-        self._check_process()
-        self.sync()
-        intervals = self.options.class_intervals()
-        count = 0
-        for entry in live_messages(self._fs, self.path, intervals).values():
-            if entry.state == "deferred":
-                with contextlib.suppress(UnknownMessage):
-                    count += self._operator_action(entry.msg_id, OperatorAction.RETRY, None)
-        return count
+        return len(self.act(OperatorAction.RETRY).changed)
 
-    def _operator_action(self, msg_id: str, action: OperatorAction, reason: str | None) -> int:
-        """Find the live envelope of ``msg_id`` and supersede it; 1 if something changed."""
+    def act(
+        self,
+        action: OperatorAction,
+        msg_ids: Iterable[str] | None = None,
+        *,
+        where: Callable[[QueueEntry], bool] | None = None,
+        reason: str | None = None,
+    ) -> ActionResult:
+        """Apply ``action`` to many messages with one walk of the log; durable on return.
+
+        The messages are ``msg_ids`` (every live message if None), narrowed by ``where``
+        (a test of the ``QueueEntry`` that ``list`` shows). ``reason`` is the hold reason
+        or the delete reply (the defaults of ``hold`` and ``delete`` if None). Each message
+        is acted on under the lock on its own, so deliveries go on meanwhile; one fsync
+        covers them all. ``SpoolMisuse`` for an invalid argument, before anything is written.
+        """
         self._check_process()
-        check_msg_id(msg_id)
-        intervals = self.options.class_intervals()
+        if not isinstance(action, OperatorAction):
+            raise SpoolMisuse(f"action must be an OperatorAction, not {action!r}")
+        wanted: builtins.list[str] | None = None
+        if msg_ids is not None:
+            if isinstance(msg_ids, str | bytes):
+                raise SpoolMisuse("msg_ids must be a list of message ids, not one string")
+            wanted = [check_msg_id(m) for m in msg_ids]
+        if where is not None and not callable(where):
+            raise SpoolMisuse(f"where must be a test of a QueueEntry, not {where!r}")
+        if reason is None:
+            reason = {OperatorAction.HOLD: HELD_REASON, OperatorAction.DELETE: DELETED_REPLY}.get(
+                action
+            )
+        elif action in (OperatorAction.HOLD, OperatorAction.DELETE):
+            check_text(reason, f"{action.value} reason")
+        else:
+            raise SpoolMisuse(f"{action.value} takes no reason")
+        result = _ActionTally()
+        todo: builtins.list[str] = []
+        end: Position | None = None
         for _ in range(LOCATE_RETRIES):
             self.sync()
-            entries = live_messages(self._fs, self.path, intervals)
-            entry = entries.get(msg_id)
-            with self._lock:
-                self._check_open()
-                state = self._in_flight.get(msg_id)
-                if state is not None:
-                    return self._mark_in_flight(state, action, reason)
-                if entry is None:
-                    raise UnknownMessage(msg_id)
-                if not self._still_live(entry):
-                    continue  # a runner took it meanwhile: look again
-                end = self._supersede(entry, action, reason)
-            if end is None:
-                return 0
+            entries = live_messages(self._fs, self.path, self.options.class_intervals())
+            names, todo = (builtins.list(entries) if wanted is None else wanted), []
+            for msg_id in dict.fromkeys(names):  # each once, in the order given
+                entry = entries.get(msg_id)
+                with self._lock:
+                    self._check_open()
+                    state = self._in_flight.get(msg_id)
+                    if where is not None and (entry is None or not where(entry)):
+                        if entry is None and state is None:
+                            result.unknown.append(msg_id)
+                        continue
+                    try:
+                        if state is not None:
+                            # Applied when its attempt ends (``_close_attempt``).
+                            result.add(msg_id, self._mark_in_flight(state, action, reason))
+                            continue
+                        if entry is None:
+                            result.unknown.append(msg_id)
+                            continue
+                        if not self._still_live(entry):
+                            todo.append(msg_id)  # a runner took it meanwhile: look again
+                            continue
+                        written = self._supersede(entry, action, reason)
+                    except SpoolMisuse as exc:
+                        if msg_ids is None:
+                            result.unchanged.append(msg_id)  # not named: it does not apply
+                        else:
+                            result.refused[msg_id] = str(exc)
+                        continue
+                if written is not None:
+                    end = written
+                result.add(msg_id, written is not None)
+            if not todo:
+                break
+            wanted = todo
+        for msg_id in todo:
+            result.refused[msg_id] = "it kept changing under the operator action; try again"
+        if end is not None:
             self._writer.wait_durable(end)
-            return 1
-        raise SpoolError(f"{msg_id} kept changing under the operator action; try again")
+        return result.freeze()
+
+    def _operator_action(self, msg_id: str, action: OperatorAction, reason: str | None) -> int:
+        """One message's action (``hold``, ...): 1 if something changed, else 0."""
+        check_msg_id(msg_id)
+        result = self.act(action, [msg_id], reason=reason)
+        if result.unknown:
+            raise UnknownMessage(msg_id)
+        if result.refused:
+            raise SpoolMisuse(result.refused[msg_id])
+        return len(result.changed)
 
     def _still_live(self, entry: QueueEntry) -> bool:
         """Whether ``entry`` is still the message's live envelope (under the lock)."""

@@ -55,8 +55,9 @@ class FakeClock:
 
 
 class CountingFS(FileSystem):
-    """Counts calls by operation name; ``sync_delay`` seconds are added to each fdatasync
-    (to model a slower disk so that concurrent callers overlap deterministically)."""
+    """Counts calls by operation name (and ``bytes_read``); ``sync_delay`` seconds are added
+    to each fdatasync (to model a slower disk so that concurrent callers overlap
+    deterministically)."""
 
     def __init__(self, sync_delay: float = 0.0) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
@@ -66,6 +67,17 @@ class CountingFS(FileSystem):
     def _count(self, name: str) -> None:
         with self._lock:
             self.calls[name] += 1
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        self._count("open")
+        return super().open(path, flags, mode)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        self._count("pread")
+        data = super().pread(fd, size, offset)
+        with self._lock:
+            self.calls["bytes_read"] += len(data)
+        return data
 
     def pwrite(self, fd: int, data: bytes, offset: int) -> None:
         self._count("pwrite")

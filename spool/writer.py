@@ -117,15 +117,10 @@ class LogWriter:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._salt = new_salt()  # of the segment at the tail
-        self._pending: list[_Chunk] = [
-            _Chunk(
-                first_segment,
-                self._salt,
-                0,
-                [segment_header(first_segment, self._salt)],
-                fmt.SEGMENT_HEADER_SIZE,
-            )
-        ]
+        # The first segment's header is queued with the first frame (or ``create_segment``):
+        # an open that appends nothing creates no file.
+        self._header_due = True
+        self._pending: list[_Chunk] = []
         self._pending_frames = 0
         self._tail = Position(first_segment, fmt.SEGMENT_HEADER_SIZE)
         # Nothing of the first segment exists yet: its start is "durable" vacuously.
@@ -143,13 +138,30 @@ class LogWriter:
 
     @property
     def durable(self) -> Position:
-        """End of the durable prefix of the log (every frame before it survives a crash)."""
-        return self._durable
+        """End of the durable prefix of the log (every frame before it survives a crash).
+
+        Before anything is appended that is the tail: there is nothing to wait for (the
+        first segment's file does not exist yet, and readers stop where a file is missing).
+        """
+        return self._tail if self._header_due else self._durable
 
     @property
     def tail(self) -> Position:
         """Where the next appended frame will go (queued frames included)."""
         return self._tail
+
+    @property
+    def untouched(self) -> bool:
+        """Nothing was appended (and no segment created) since this writer started."""
+        return self._header_due
+
+    def create_segment(self) -> None:
+        """Create the first segment now, empty, and make it durable (a checkpoint whose
+        positions must point into it calls this when nothing was appended yet)."""
+        with self._lock:
+            self._check_usable()
+            self._queue_header_locked()
+            self._wait_durable_locked(self._tail)
 
     def append(self, parts: Sequence[Part], *, durable: bool) -> Position:
         """Append ``parts`` (one or more frames, kept contiguous) and return their start.
@@ -172,6 +184,7 @@ class LogWriter:
         """
         with self._lock:
             self._check_usable()
+            self._queue_header_locked()
             if self._tail.offset >= self._segment_size:
                 self._roll_locked()
             frames = b"".join(encode_frame(t, p, self._salt) for t, p in parts)
@@ -234,6 +247,14 @@ class LogWriter:
         if self._closed:
             raise SpoolClosed("the spool is closed")
 
+    def _queue_header_locked(self) -> None:
+        """Queue the first segment's header if it is not yet (the file comes at flush)."""
+        if self._header_due:
+            self._header_due = False
+            seg = self._tail.segment
+            header = segment_header(seg, self._salt)
+            self._pending.insert(0, _Chunk(seg, self._salt, 0, [header], len(header)))
+
     def _roll_locked(self) -> None:
         """Start the next segment: queue its header; the file is created at flush time."""
         nxt = self._tail.segment + 1
@@ -243,6 +264,8 @@ class LogWriter:
         self._tail = Position(nxt, fmt.SEGMENT_HEADER_SIZE)
 
     def _wait_durable_locked(self, end: Position) -> None:
+        if self._header_due:
+            return  # nothing appended yet: every position up to the tail is vacuously durable
         while self._durable < end:
             if self._failed is not None:
                 raise self._failed

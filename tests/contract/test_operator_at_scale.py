@@ -1,0 +1,127 @@
+"""Operator commands at scale, and commands that change nothing (issue: robust core).
+
+Goal: a bulk action (``retry --all``, ids from standard input, filters) walks the log once
+whatever the number of messages; a command that is refused, or finds nothing to do, leaves
+every file as it was (the lock file, which records who holds the lock, aside). Both failed
+before: ``retry_now()`` walked the log once per message, and every open created a segment
+and rewrote the positions.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spool import OperatorAction, Spool
+from spool import format as fmt
+from spool.testing import CountingFS, FakeClock, tree_snapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = b"Subject: bulk\r\n\r\n" + b"x" * 2000 + b"\r\n"
+OPTIONS = {"retry_intervals": (300.0,), "segment_size": 64 * 1024, "checkpoint_interval": 10**6}
+
+
+def spool_cmd(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spool.cli", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        cwd=ROOT,
+    )
+
+
+def deferred_spool(root: Path, count: int) -> list[str]:
+    """A spool with ``count`` deferred messages over many segments; their ids."""
+    clock = FakeClock()
+    with Spool.open(root, clock=clock, **OPTIONS) as sp:  # type: ignore[arg-type]
+        ids = [
+            sp.accept("from@example.org", [f"r{i}@example.net", "x@other.example"], DATA)
+            for i in range(count)
+        ]
+        while (attempt := sp.claim(timeout=0)) is not None:
+            with attempt:
+                attempt.deferred(attempt.envelope.recipients, "451 4.3.0 try later")
+    return ids
+
+
+def log_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in (root / fmt.LOG_DIR).iterdir())
+
+
+@pytest.mark.parametrize("count", [60, 240])
+def test_a_bulk_action_walks_the_log_once(tmp_path: Path, count: int) -> None:
+    root = tmp_path / "spool"
+    ids = deferred_spool(root, count)
+    fs = CountingFS()
+    with Spool.open(root, fs=fs, **OPTIONS) as sp:  # type: ignore[arg-type]
+        size = log_bytes(root)
+        before, syncs = fs.calls["bytes_read"], fs.calls["fdatasync"]
+        assert sp.retry_now() == count
+        # One walk reads the log once, plus each envelope it acts on; a walk per message
+        # read it count times. One fdatasync covers every record written.
+        assert fs.calls["bytes_read"] - before <= 2 * size
+        assert fs.calls["fdatasync"] - syncs <= 3
+        size = log_bytes(root)
+        before = fs.calls["bytes_read"]
+        result = sp.act(OperatorAction.HOLD, ids[::2], reason="held in bulk")
+        assert result.changed == tuple(ids[::2])
+        assert fs.calls["bytes_read"] - before <= 2 * size
+        held = {e.msg_id for e in sp.list() if e.held == "held in bulk"}
+        assert held == set(ids[::2])
+
+
+def test_act_reports_what_it_did_to_each_message(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    ids = deferred_spool(root, 5)
+    with Spool.open(root, **OPTIONS) as sp:  # type: ignore[arg-type]
+        result = sp.act(OperatorAction.RELEASE, [ids[0], "FFFFFFFFFFFFFFFF"])
+        assert result.unknown == ("FFFFFFFFFFFFFFFF",)
+        assert ids[0] in result.refused and "not held" in result.refused[ids[0]]
+        assert result.changed == ()
+        # Not named, a message the action does not apply to is merely unchanged.
+        result = sp.act(OperatorAction.RELEASE)
+        assert result.unchanged == tuple(ids) and not result.refused
+        result = sp.act(OperatorAction.HOLD, where=lambda e: e.recipients[0] == "r3@example.net")
+        assert result.changed == (ids[3],)
+        again = sp.act(OperatorAction.HOLD, [ids[3]])
+        assert again.unchanged == (ids[3],)
+
+
+def test_the_cli_acts_on_ids_from_standard_input_on_all_and_on_filters(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    ids = deferred_spool(root, 6)
+    out = spool_cmd("hold", str(root), "-", stdin="\n".join(ids[:3]) + "\n")
+    assert out.returncode == 0 and "3 message(s) held" in out.stdout, out.stderr
+    out = spool_cmd("release", str(root), "--held")
+    assert out.returncode == 0 and "3 message(s) released" in out.stdout, out.stderr
+    out = spool_cmd("delete", str(root), "--recipient", "r5@", "--reason", "550 spam run")
+    assert out.returncode == 0 and "1 message(s) deleted" in out.stdout, out.stderr
+    out = spool_cmd("retry", str(root), "--all")
+    assert out.returncode == 0 and "2 message(s) due now" in out.stdout, out.stderr
+    out = spool_cmd("retry", str(root))
+    assert out.returncode == 2 and "--all" in out.stderr
+
+
+def without_lock(snapshot: dict[str, bytes]) -> dict[str, bytes]:
+    return {name: data for name, data in snapshot.items() if name != fmt.LOCK_NAME}
+
+
+def test_refused_and_idle_commands_write_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    ids = deferred_spool(root, 3)
+    before = without_lock(tree_snapshot(str(root)))
+    for _ in range(5):
+        assert spool_cmd("retry", str(root), "FFFFFFFFFFFFFFFF").returncode == 1
+        assert spool_cmd("release", str(root), ids[0]).returncode == 1  # not held
+        assert spool_cmd("hold", str(root), "--sender", "nobody@").returncode == 0
+        refused = spool_cmd("accept", str(root), "-f", "bad address", "to@example.net", stdin="x")
+        assert refused.returncode == 1
+        assert spool_cmd("checkpoint", str(root)).returncode == 0
+    with Spool.open(root, **OPTIONS):  # type: ignore[arg-type]
+        pass
+    # Before: each of these runs left a new segment file and rewrote the positions.
+    assert without_lock(tree_snapshot(str(root))) == before
