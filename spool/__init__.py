@@ -5,6 +5,7 @@ for an embedding example and docs/ for the design, the format and the fault mode
 """
 
 from spool.errors import (
+    AttemptExpired,
     BadSpoolDirectory,
     CorruptSpool,
     DiskFull,
@@ -33,6 +34,7 @@ from spool.spool import (
 __all__ = [
     "ActionResult",
     "Attempt",
+    "AttemptExpired",
     "BadSpoolDirectory",
     "CorruptSpool",
     "DiskFull",

@@ -47,6 +47,13 @@ class SpoolClosed(SpoolError):
     """The spool or the attempt was closed; open the spool again to continue."""
 
 
+class AttemptExpired(SpoolClosed):
+    """The attempt ran past ``attempt_timeout`` and the spool closed it (its unreported
+    recipients deferred): the message will be attempted again. Nothing was written for
+    this call. A delivery that really succeeded after the lease ran out is repeated by the
+    next attempt: set ``attempt_timeout`` above the longest delivery an agent may take."""
+
+
 class SpoolMisuse(SpoolError, ValueError):
     """A call that cannot be made as given (a bad argument, an attempt already closed, a
     spool used in a process it was not opened in); nothing was written. Fix the call."""

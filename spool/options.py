@@ -54,6 +54,9 @@ DEFAULT_SEGMENT_SIZE: Final = 64 * 1024 * 1024
 DEFAULT_INLINE_BODY_MAX: Final = 1024 * 1024
 DEFAULT_MAX_MESSAGE_SIZE: Final = 50 * 1024 * 1024
 DEFAULT_MAX_RECIPIENTS: Final = 1000
+# Generous: an SMTP delivery's stages time out within minutes (Postfix: 300 s per command,
+# 600 s after the data), so an hour-long attempt is a hung worker.
+DEFAULT_ATTEMPT_TIMEOUT: Final = HOUR
 
 # A BODY frame holds the message id and the data: the largest body that fits one frame.
 INLINE_BODY_LIMIT: Final = fmt.FRAME_PAYLOAD_MAX - fmt.MSG_ID_LENGTH
@@ -186,6 +189,9 @@ class SpoolOptions:
     sync_interval: float = attrs.field(default=1.0, validator=_seconds)
     checkpoint_interval: float = attrs.field(default=30.0, validator=_seconds)
     checkpoint_every: int = attrs.field(default=100_000, validator=_whole(1, 10**12))
+    # How long one attempt may stay open: past it the spool closes it as deferred, so a
+    # worker that hangs cannot pin the log (docs/design.md, "Attempt leases").
+    attempt_timeout: float = attrs.field(default=DEFAULT_ATTEMPT_TIMEOUT, validator=_seconds)
 
     # --- the retry policy ------------------------------------------------------------
 
@@ -236,6 +242,7 @@ TUNING: Final = (
     "sync_interval",
     "checkpoint_interval",
     "checkpoint_every",
+    "attempt_timeout",
 )
 assert set(SETTINGS) | set(TUNING) == {a.name for a in attrs.fields(SpoolOptions)}
 

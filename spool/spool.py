@@ -50,6 +50,7 @@ from spool.arguments import check_msg_id, check_seconds, check_text
 from spool.bodies import read_body, read_inline_body, write_body_file
 from spool.clock import Clock, SpoolTime, SystemClock, as_clock
 from spool.errors import (
+    AttemptExpired,
     BadSpoolDirectory,
     CorruptSpool,
     DiskFull,
@@ -64,6 +65,7 @@ from spool.errors import (
 from spool.fs import FileSystem
 from spool.lock import OwnerLock
 from spool.options import (
+    DEFAULT_ATTEMPT_TIMEOUT,
     RECORDED,
     Recorded,
     SpoolOptions,
@@ -154,6 +156,7 @@ class SpoolStatistics:
     checkpoints: int
     bodies_promoted: int
     deleted: int
+    leases_expired: int  # attempts the spool closed past ``attempt_timeout``
     clock_skew: float  # wall clock minus the spool's time: how far it stepped (clock.py)
 
 
@@ -168,7 +171,9 @@ class _InFlight:
     unreported: set[str]
     outcomes: list[rec.Outcome]
     deferred: dict[str, str]
+    started_at: float = 0.0  # the spool's time when the attempt started (its lease)
     closed: bool = False
+    lease_expired: bool = False  # closed by the spool past ``attempt_timeout``
     hold: str | None = None  # operator hold requested while in flight
     delete: str | None = None  # operator delete requested while in flight
 
@@ -258,6 +263,7 @@ class Spool:
         sync_interval: float = 1.0,
         checkpoint_interval: float = 30.0,
         checkpoint_every: int = 100_000,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
         clock: Clock | Callable[[], float] | None = None,
         fs: FileSystem | None = None,
     ) -> Spool:
@@ -286,6 +292,7 @@ class Spool:
             "sync_interval": sync_interval,
             "checkpoint_interval": checkpoint_interval,
             "checkpoint_every": checkpoint_every,
+            "attempt_timeout": attempt_timeout,
         }
         resolve_options({}, given)  # every value checked before the directory is touched
         if clock is None:
@@ -705,7 +712,7 @@ class Spool:
         # Not waited for: if a crash loses it, the envelope is still live and is attempted
         # again; deltas that depend on it come later in the log and so are lost with it.
         start_at, _ = self._enqueue(start)
-        state = _InFlight(env, pos, body, start_at, set(env.recipients), [], {})
+        state = _InFlight(env, pos, body, start_at, set(env.recipients), [], {}, now)
         self._in_flight[env.msg_id] = state
         return state
 
@@ -723,6 +730,12 @@ class Spool:
 
     def _check_attempt(self, state: _InFlight) -> None:
         self._check_open()
+        if state.lease_expired:
+            raise AttemptExpired(
+                f"the attempt on {state.envelope.msg_id} ran past attempt_timeout "
+                f"({self.options.attempt_timeout:g} s) and was closed as deferred; the "
+                "message will be attempted again, so report nothing more for this attempt"
+            )
         if state.closed:
             raise SpoolClosed(f"the attempt on {state.envelope.msg_id} is closed")
 
@@ -953,6 +966,16 @@ class Spool:
         while self._abandoned:
             self._close_attempt(self._abandoned.popleft())
 
+    def _end_expired_leases(self) -> None:
+        """Close every attempt open longer than ``attempt_timeout`` as deferred (its
+        unreported recipients deferred, as a close does): a hung worker must not pin the
+        log. Later reports on it raise ``AttemptExpired``. Lock held."""
+        deadline = self._now() - self.options.attempt_timeout
+        for state in [s for s in self._in_flight.values() if s.started_at <= deadline]:
+            self._close_attempt(state)
+            state.lease_expired = True
+            self._counts["leases_expired"] += 1
+
     # --- checkpoints and garbage -------------------------------------------------------
 
     def checkpoint(self) -> RestartPositions:
@@ -966,6 +989,7 @@ class Spool:
             with self._lock:
                 self._check_open()
                 self._close_abandoned()
+                self._end_expired_leases()
                 positions = self._capture_positions()
                 if (
                     self._positions_current
@@ -1414,6 +1438,7 @@ class Spool:
                 checkpoints=c["checkpoints"],
                 bodies_promoted=c["bodies_promoted"],
                 deleted=c["deleted"],
+                leases_expired=c["leases_expired"],
                 clock_skew=self._time.skew(),
             )
 
