@@ -182,7 +182,14 @@ class SpoolOptions:
     max_recipients: int = attrs.field(
         default=DEFAULT_MAX_RECIPIENTS, validator=_whole(1, RECIPIENTS_LIMIT)
     )
-    min_free_bytes: int = attrs.field(default=0, validator=_whole(0, SIZE_MAX))
+    # New mail is refused (DiskFull, SMTP 452) before free space would fall under this;
+    # what is left is the reserve deliveries and their records use. The default, as
+    # Postfix's (queue_minfree: 1.5 times message_size_limit), leaves room for one more
+    # message of the largest size; 0 turns the check off.
+    min_free_bytes: int = attrs.field(
+        default=attrs.Factory(lambda o: o.max_message_size * 3 // 2, takes_self=True),
+        validator=_whole(0, SIZE_MAX),
+    )
 
     max_in_flight: int = attrs.field(default=10_000, validator=_whole(1, 10**9))
     sync_every: int = attrs.field(default=1000, validator=_whole(1, 10**12))

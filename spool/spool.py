@@ -461,8 +461,11 @@ class Spool:
         self._closed = False
         self._counts: collections.Counter[str] = collections.Counter()
         self._ids = itertools.count(secrets.randbits(32))  # next() is atomic in CPython
+        # Free space: seen at the last look, and what accepts wrote since (see
+        # ``_reserve_space``).
         self._free_checked_at = -1.0
-        self._free_ok = True
+        self._free_seen = 0
+        self._written_since_look = 0
         self._prefer_incoming = True
         self._deferred_turn = 0
         self._since_checkpoint = 0
@@ -538,7 +541,6 @@ class Spool:
                 f"({self.options.max_message_size} bytes)"
             )
         self._check_open()
-        self._check_free_space()
         now = self._now()
         # Accept second, then a counter: unique among this owner's messages (2**32 a
         # second); the counter starts at random so that owners in the same second differ.
@@ -552,7 +554,11 @@ class Spool:
             raise MessageTooLarge(f"{exc}; send fewer recipients per message") from None
         if inline:
             parts.append((fmt.T_BODY, rec.encode_body(msg_id, data)))
-        else:
+        with self._lock:
+            # Its frames (the body, inline or in its file, included) and a batch's padding.
+            need = sum(len(p) + fmt.FRAME_HEADER_SIZE for _, p in parts) + 2 * fmt.SECTOR
+            self._reserve_space(need if inline else need + len(data))
+        if not inline:
             self._writer.check_usable()  # a failed writer would leave the file an orphan
             try:
                 write_body_file(self._fs, self._body_dir, msg_id, data)
@@ -601,19 +607,31 @@ class Spool:
             raise InvalidMessage(f"duplicate recipients: {', '.join(dupes)}")
         return rcpts
 
-    def _check_free_space(self) -> None:
-        if self.options.min_free_bytes <= 0:
+    def _reserve_space(self, need: int) -> None:
+        """Refuse (``DiskFull``) an accept that would leave less than ``min_free_bytes``.
+
+        The file system is asked at most every quarter second, and again whenever the
+        estimate comes near the threshold; in between, what accepts wrote since the last
+        look is subtracted from what it showed, so no burst, however fast, runs past the
+        threshold into ENOSPC. What is left is the reserve that deliveries write their
+        records into. Lock held.
+        """
+        reserve = self.options.min_free_bytes
+        if reserve <= 0:
             return
         now = time.monotonic()
-        if now - self._free_checked_at > 0.25:
-            self._free_ok = self._fs.free_bytes(self.path) >= self.options.min_free_bytes
+        estimate = self._free_seen - self._written_since_look
+        if now - self._free_checked_at > 0.25 or estimate - need < reserve:
+            self._free_seen = estimate = self._fs.free_bytes(self.path)
+            self._written_since_look = 0
             self._free_checked_at = now
-        if not self._free_ok:
+        if estimate - need < reserve:
             raise DiskFull(
-                f"free space in {self.path} is under min_free_bytes "
-                f"({self.options.min_free_bytes}); new mail is refused for now (answer 452), "
-                "deliveries go on"
+                f"free space in {self.path} ({estimate} bytes) would fall under "
+                f"min_free_bytes ({reserve}) with this message; new mail is refused for now "
+                "(answer 452), deliveries go on and free space"
             )
+        self._written_since_look += need
 
     # --- claiming ----------------------------------------------------------------------
 

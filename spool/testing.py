@@ -8,6 +8,7 @@ tests); ``FakeClock`` is a clock the tests move by hand; ``deliver_all`` empties
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import os
 import threading
@@ -104,6 +105,35 @@ class CountingFS(FileSystem):
     def unlink(self, path: str) -> None:
         self._count("unlink")
         super().unlink(path)
+
+
+class SmallDiskFS(FileSystem):
+    """A file system of ``capacity`` bytes holding ``root``, for disk-full tests where no
+    small real one can be mounted: the files are real, their sizes count against the
+    capacity, and a write past it fails with ENOSPC as a full disk's does."""
+
+    def __init__(self, root: str, capacity: int) -> None:
+        self._root = root
+        self.capacity = capacity
+        self._lock = threading.Lock()
+
+    def used(self) -> int:
+        total = 0
+        for dirpath, _dirs, files in os.walk(self._root):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.stat(os.path.join(dirpath, name)).st_size
+        return total
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        with self._lock:
+            growth = max(0, offset + len(data) - os.fstat(fd).st_size)
+            if growth and self.used() + growth > self.capacity:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            super().pwrite(fd, data, offset)
+
+    def free_bytes(self, path: str) -> int:
+        return max(0, self.capacity - self.used())
 
 
 class FaultFS(FileSystem):
