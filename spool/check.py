@@ -8,6 +8,14 @@ message (``damage.assess``) and runs recovery's own scan and decisions as a dry 
 that a spool it calls clean is one that opens. It returns the problems, each with the
 file and offset. Intended for ``spool check``, tests and post-mortem analysis.
 
+Beside a running owner the spool changes while it is read: a segment appended to, the
+positions replaced, body files created and removed. So the check notes what it compares
+(the positions, the segments and their sizes, the body files) before and after; if they
+changed it checks again, and if they never stand still (a busy owner) it keeps as certain
+only what a running owner cannot explain (damage in the log before the durable end the
+positions named when the check began, a damaged settings file) and reports every other
+finding as uncertain (``CheckReport.uncertain``), never as a problem.
+
 ``repair_spool`` makes a damaged spool openable without losing intact mail (Postfix sets
 one corrupt queue file aside and leaves the rest):
 
@@ -41,6 +49,7 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -115,6 +124,9 @@ class CheckReport:
     bad_positions: bool = False
     missing_segments: tuple[int, ...] = ()
     retired_segments: tuple[int, ...] = ()  # behind the durable garbage front
+    durable_end: Position | None = None  # the positions' consistent end when the check began
+    changing: bool = False  # the spool changed under every pass (an owner is running)
+    uncertain: tuple[Problem, ...] = ()  # findings a running owner's writes may explain
 
     @property
     def clean(self) -> bool:
@@ -128,6 +140,9 @@ class CheckReport:
         return bool(self.affected) or unknown or bool(self.missing_segments)
 
 
+CHECK_PASSES = 3  # passes over a spool that changes under each, before settling for less
+
+
 def check_spool(
     path: str,
     fs: FileSystem | None = None,
@@ -135,14 +150,85 @@ def check_spool(
 ) -> CheckReport:
     """Verify the spool at ``path`` end to end; see the module docstring."""
     fs = fs or FileSystem()
+    for _ in range(CHECK_PASSES):
+        before = _fingerprint(path)
+        report = _check_once(fs, path, progress)
+        if _fingerprint(path) == before:
+            return report
+    return only_certain(report, path)
+
+
+def _fingerprint(path: str) -> tuple[object, ...]:
+    """What a check compares, as it stands now: the positions, the segments and their
+    sizes, the body files. Equal before and after a pass: nothing moved under it."""
+
+    def listing(directory: str, sizes: bool) -> tuple[tuple[str, int], ...]:
+        out = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(directory):
+                with contextlib.suppress(OSError):
+                    out.append((entry.name, entry.stat().st_size if sizes else 0))
+        return tuple(sorted(out))
+
+    try:
+        with open(os.path.join(path, fmt.POSITIONS_NAME), "rb") as f:
+            positions = f.read()
+    except OSError:
+        positions = b""
+    return (
+        positions,
+        listing(os.path.join(path, fmt.LOG_DIR), True),
+        listing(os.path.join(path, fmt.BODY_DIR), False),
+    )
+
+
+def only_certain(report: CheckReport, path: str) -> CheckReport:
+    """``report`` of a spool that changed under every pass: the findings a running owner
+    explains (anything at or past the durable end the positions named when the pass
+    began, the positions, body files, orphans, what recovery would refuse) become
+    uncertain; damage in the durable log and a damaged settings file stay problems."""
+    end = report.durable_end
+    log_dir = os.path.join(path, fmt.LOG_DIR)
+
+    def durable(segment: int, offset: int) -> bool:
+        return end is not None and Position(segment, offset) < end
+
+    def certain(problem: Problem) -> bool:
+        if os.path.basename(problem.path) == fmt.SETTINGS_NAME:
+            return True
+        if os.path.dirname(problem.path) != log_dir or not os.path.exists(problem.path):
+            return False  # not the log, or a segment the owner deleted meanwhile
+        number = fmt.parse_segment_name(os.path.basename(problem.path))
+        return number is not None and durable(number, problem.offset)
+
+    regions = tuple(r for r in report.regions if durable(r.segment, r.start))
+    return attrs.evolve(
+        report,
+        problems=tuple(p for p in report.problems if certain(p)),
+        uncertain=tuple(p for p in report.problems if not certain(p)),
+        regions=regions,
+        affected=tuple(a for a in report.affected if a.region in regions),
+        corrections=tuple(c for c in report.corrections if durable(c[0], c[1])),
+        orphan_bodies=(),
+        missing_segments=(),
+        changing=True,
+    )
+
+
+def _check_once(
+    fs: FileSystem, path: str, progress: Callable[[int], None] | None
+) -> CheckReport:
+    """One pass of ``check_spool``."""
     started = time.monotonic()
     log_dir = os.path.join(path, fmt.LOG_DIR)
     body_dir = os.path.join(path, fmt.BODY_DIR)
     problems: list[Problem] = []
     notes: list[str] = []
     bad_settings = _check_settings(fs, path, problems)
-    segments = list_segments(fs, log_dir) if os.path.isdir(log_dir) else []
+    # The positions first: everything before their consistent end is on disk, whatever
+    # an owner appends or starts while the log is walked.
     positions = load_positions(fs, path)
+    segments = list_segments(fs, log_dir) if os.path.isdir(log_dir) else []
     kept = unretired(segments, positions)
     retired = tuple(s for s in segments if s not in kept)
     if retired:
@@ -216,6 +302,7 @@ def check_spool(
         bad_positions=os.path.exists(os.path.join(path, fmt.POSITIONS_NAME)) and positions is None,
         missing_segments=tuple(missing),
         retired_segments=retired,
+        durable_end=positions.consistent if positions is not None else None,
     )
 
 

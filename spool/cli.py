@@ -298,6 +298,13 @@ def print_check(report: CheckReport) -> None:
     for problem in report.problems:
         kind = "error" if problem.fatal else "warning"
         click.echo(f"{kind}: {problem.path} at offset {problem.offset}: {problem.what}")
+    if report.changing:
+        click.echo(
+            "note: the spool changed under every pass (its owner is running): only damage "
+            "in the durable log counts; what the owner's writes may explain is uncertain"
+        )
+    for problem in report.uncertain:
+        click.echo(f"uncertain: {problem.path} at offset {problem.offset}: {problem.what}")
     for note in report.notes:
         click.echo(f"note: {note}")
     for a in report.affected:

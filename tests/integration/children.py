@@ -3,8 +3,9 @@
 ``fill DIR N INFLIGHT``: accept N messages, claim INFLIGHT of them, checkpoint, then exit
 without closing (a crash as far as the spool can tell).
 ``crash-on DIR``: claim one message and die in the middle of its attempt.
-``load DIR ACKS ARCHIVE``: accept and deliver flat out from several threads, appending every
-acknowledgement to ACKS (an O_APPEND file: a line per call that returned) until killed.
+``load DIR ACKS ARCHIVE [INLINE_MAX]``: accept and deliver flat out from several threads,
+appending every acknowledgement to ACKS (an O_APPEND file: a line per call that returned)
+until killed; bodies over INLINE_MAX bytes go to body files.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ LOAD_OPTIONS: dict[str, Any] = {
 }
 
 
-def load(path: str, acks_path: str, archive: str) -> None:
-    sp = Spool.open(path, archive_dir=archive, **LOAD_OPTIONS)
+def load(path: str, acks_path: str, archive: str, inline_max: int | None = None) -> None:
+    options = dict(LOAD_OPTIONS)
+    if inline_max is not None:
+        options["inline_body_max"] = inline_max
+    sp = Spool.open(path, archive_dir=archive, **options)
     acks = os.open(acks_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def ack(line: str) -> None:
@@ -96,6 +100,6 @@ if __name__ == "__main__":
     elif command == "crash-on":
         crash_on(args[0])
     elif command == "load":
-        load(args[0], args[1], args[2])
+        load(args[0], args[1], args[2], int(args[3]) if len(args) > 3 else None)
     else:
         raise SystemExit(f"unknown command {command}")

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from spool import Spool
 from spool import format as fmt
+from spool.check import check_spool, only_certain
 from spool.cli import main
 from spool.testing import tree_snapshot
 from tests.integration.children import LOAD_OPTIONS
@@ -271,3 +272,56 @@ def test_installed_command_on_a_locked_spool(spool_dir: str) -> None:
         proc = spool_cmd("list", spool_dir)  # read-only: works beside the owner
         assert proc.returncode == 0 and "-- 1 messages" in proc.stdout
         assert spool_cmd("check", spool_dir).returncode == 0
+
+
+def test_check_beside_a_busy_owner_reports_no_false_errors(tmp_path: Path) -> None:
+    # Before: it read the positions and bodies/ after walking the log, and reported
+    # "restart positions point past the end of the log", "body file of a live message is
+    # missing" and false orphans, exiting 1, while nothing was wrong.
+    root = tmp_path / "spool"
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.children",
+            "load",
+            str(root),
+            str(tmp_path / "acks"),
+            str(tmp_path / "archive"),
+            "1000",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "running"
+        time.sleep(0.5)
+        for _ in range(5):
+            out = spool_cmd("check", str(root))
+            assert out.returncode == 0, out.stdout + out.stderr
+            assert "error:" not in out.stdout
+    finally:
+        owner.kill()
+        owner.wait()
+    # Stopped, the same spool checks with certainty: no uncertain findings left.
+    out = spool_cmd("check", str(root))
+    assert "uncertain" not in out.stdout and "changed under" not in out.stdout
+
+
+def test_damage_in_the_durable_log_stays_certain_beside_a_running_owner(spool_dir: str) -> None:
+    with Spool.open(spool_dir) as sp:
+        for i in range(20):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 300)
+    records = [json.loads(line) for line in run("dump", spool_dir, "--json")[1].splitlines()]
+    middle = [r for r in records if r["type"] == "envelope"][10]
+    seg = Path(spool_dir, fmt.LOG_DIR, fmt.segment_name(1))
+    data = bytearray(seg.read_bytes())
+    data[int(middle["at"].split(":")[1]) + 20] ^= 0xFF  # eight bits: no correction
+    seg.write_bytes(bytes(data))
+    Path(spool_dir, "bodies", "6B00000000000000").write_bytes(b"orphan")
+    # As a check that never saw the spool stand still would classify its findings.
+    report = only_certain(check_spool(spool_dir), spool_dir)
+    assert report.changing and not report.clean
+    assert {Path(p.path).name for p in report.problems} == {fmt.segment_name(1)}
+    assert report.orphan_bodies == ()
