@@ -215,9 +215,7 @@ def only_certain(report: CheckReport, path: str) -> CheckReport:
     )
 
 
-def _check_once(
-    fs: FileSystem, path: str, progress: Callable[[int], None] | None
-) -> CheckReport:
+def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | None) -> CheckReport:
     """One pass of ``check_spool``."""
     started = time.monotonic()
     log_dir = os.path.join(path, fmt.LOG_DIR)
