@@ -154,6 +154,12 @@ def _boolean(inst: object, attribute: attrs.Attribute[bool], value: object) -> N
         raise SpoolMisuse(f"{attribute.name} must be True or False, not {value!r}")
 
 
+def _default_reserve(options: SpoolOptions) -> int:
+    """1.5 times ``max_message_size`` (0 while that is invalid: its validator says so)."""
+    size = options.max_message_size
+    return size * 3 // 2 if isinstance(size, int) and not isinstance(size, bool) else 0
+
+
 @attrs.frozen(kw_only=True)
 class SpoolOptions:
     """Every option of an open spool, checked. ``Spool.options`` is the one in use.
@@ -187,7 +193,7 @@ class SpoolOptions:
     # Postfix's (queue_minfree: 1.5 times message_size_limit), leaves room for one more
     # message of the largest size; 0 turns the check off.
     min_free_bytes: int = attrs.field(
-        default=attrs.Factory(lambda o: o.max_message_size * 3 // 2, takes_self=True),
+        default=attrs.Factory(_default_reserve, takes_self=True),
         validator=_whole(0, SIZE_MAX),
     )
 

@@ -45,7 +45,7 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.addresses import check_mailbox, check_sender, mailbox_key
+from spool.addresses import check_mailbox, check_sender, mailbox_key, needs_smtputf8
 from spool.arguments import check_msg_id, check_seconds, check_text
 from spool.bodies import read_body, read_inline_body, write_body_file
 from spool.clock import Clock, SpoolTime, SystemClock, as_clock
@@ -134,6 +134,15 @@ class MessageEnvelope:
     attempts: int
     accepted_at: float
     body_size: int
+
+    @property
+    def smtputf8_recipients(self) -> tuple[str, ...]:
+        """The recipients only an SMTPUTF8-capable next hop can take (RFC 6531): those
+        with a non-ASCII local part, or every one when the sender has one. Send the others
+        to any hop with their domains in A-labels (``spool.addresses.ascii_form``)."""
+        if needs_smtputf8(self.sender):
+            return self.recipients
+        return tuple(r for r in self.recipients if needs_smtputf8(r))
 
 
 @attrs.frozen

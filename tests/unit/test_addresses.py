@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spool.addresses import check_mailbox, check_sender
+from spool import MessageEnvelope
+from spool.addresses import ascii_form, check_mailbox, check_sender, mailbox_key, needs_smtputf8
 from spool.errors import InvalidAddress
 
 VALID = [
@@ -14,6 +15,12 @@ VALID = [
     "postmaster@[192.0.2.1]",
     "x@localhost",
     "l" * 64 + "@example.org",
+    # SMTPUTF8 (RFC 6531): UTF-8 local parts, U-label domains.
+    "jörg@example.org",
+    '"jö rg"@example.org',
+    "bob@bücher.example",
+    "用户@例子.广告",
+    "ü" * 32 + "@example.org",  # 64 octets
 ]
 INVALID = [
     ("", "missing"),
@@ -30,7 +37,11 @@ INVALID = [
     ("l" * 65 + "@example.org", "local part longer"),
     ("bob@" + ("a" * 60 + ".") * 5 + "org", "longer than"),
     ("bob@" + "a" * 64 + ".org", "labels"),
-    ("jörg@example.org", "SMTPUTF8"),
+    ("ü" * 33 + "@example.org", "local part longer"),  # 66 octets, 33 characters
+    ("b\x85ob@example.org", "dot-string"),  # a C1 control
+    ("bob@\u2603.example", "IDNA2008"),  # a snowman is no letter
+    ("bob@-bücher.example", "IDNA2008"),
+    ("b\ud800ob@example.org", "surrogate"),
     ("bob@[1.2.3.4", "literal"),
 ]
 
@@ -56,3 +67,24 @@ def test_null_sender_is_a_sender_but_not_a_recipient() -> None:
 def test_non_string_addresses_are_refused(address: object) -> None:
     with pytest.raises(InvalidAddress, match="must be a str"):
         check_mailbox(address)
+
+
+def test_only_a_non_ascii_local_part_needs_an_smtputf8_next_hop() -> None:
+    assert needs_smtputf8("jörg@example.org")
+    assert not needs_smtputf8("bob@bücher.example")
+    assert ascii_form("bob@bücher.example") == "bob@xn--bcher-kva.example"
+    assert ascii_form("jörg@example.org") is None
+    assert ascii_form("bob@example.org") == "bob@example.org"
+
+
+def test_domains_compare_in_their_a_label_form() -> None:
+    assert mailbox_key("bob@BÜCHER.example") == mailbox_key("bob@xn--bcher-kva.EXAMPLE")
+    assert mailbox_key("Bob@bücher.example") != mailbox_key("bob@bücher.example")
+
+
+def test_the_envelope_names_the_recipients_that_need_smtputf8() -> None:
+    rcpts = ("jörg@example.org", "bob@bücher.example", "ann@example.org")
+    plain = MessageEnvelope("6B00000000000000", "a@example.org", rcpts, 0, 0.0, 1)
+    assert plain.smtputf8_recipients == ("jörg@example.org",)
+    utf8_sender = MessageEnvelope("6B00000000000000", "ä@example.org", rcpts, 0, 0.0, 1)
+    assert utf8_sender.smtputf8_recipients == rcpts
