@@ -634,7 +634,8 @@ SELECTION = (
 DONE = {
     OperatorAction.HOLD: "held",
     OperatorAction.RELEASE: "released (due now)",
-    OperatorAction.DELETE: "deleted",
+    OperatorAction.DELETE: "deleted (no bounce)",
+    OperatorAction.BOUNCE: "returned to their senders (bounced)",
     OperatorAction.RETRY: "due now",
 }
 
@@ -715,11 +716,18 @@ operator_command(
 )
 operator_command(
     OperatorAction.DELETE,
-    "Delete messages: pending recipients fail with a reply naming the operator "
-    "(postsuper -d)."
+    "Delete messages silently, with no bounce (postsuper -d, exim -Mrm); see bounce."
     + EXAMPLES
     + "  spool delete var/spool 6B49D2000F5A1C33\n"
     + "  spool list var/spool --sender spam@ --json | jq -r .msg_id | spool delete var/spool -",
+    reason=True,
+)
+operator_command(
+    OperatorAction.BOUNCE,
+    "Give up on messages: pending recipients fail, so their senders get a bounce "
+    "(exim -Mg); see delete."
+    + EXAMPLES
+    + "  spool bounce var/spool 6B49D2000F5A1C33 --reason '554 5.7.1 relaying stopped'",
     reason=True,
 )
 operator_command(

@@ -42,6 +42,11 @@ class MessageOutcome:
         """The recipients a bounce must name."""
         return tuple(o for o in self.recipients if o.status == rec.FAILED)
 
+    @property
+    def deleted(self) -> tuple[rec.Outcome, ...]:
+        """The recipients an operator deleted: no bounce names them."""
+        return tuple(o for o in self.recipients if o.status == rec.DELETED)
+
 
 class OutcomeReader:
     """Walks finish records from the outcome front; tracks what is handed out and acked."""

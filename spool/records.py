@@ -55,7 +55,9 @@ class Position(NamedTuple):
 DELIVERED: Final = "delivered"
 FAILED: Final = "failed"
 DEFERRED: Final = "deferred"
-STATUSES: Final = frozenset({DELIVERED, FAILED, DEFERRED})
+DELETED: Final = "deleted"  # ended by the operator without a bounce (``Spool.delete``)
+STATUSES: Final = frozenset({DELIVERED, FAILED, DEFERRED, DELETED})
+FINAL_STATUSES: Final = frozenset({DELIVERED, FAILED, DELETED})
 
 # Body kinds: the BODY frame right after the first envelope, or a file in bodies/.
 BODY_INLINE: Final = "inline"
@@ -93,7 +95,7 @@ class BodyRef:
 
 @attrs.frozen
 class Outcome:
-    """The final result of one recipient: delivered or failed, with the last reply."""
+    """The final result of one recipient: delivered, failed or deleted, with the last reply."""
 
     recipient: str
     status: str
@@ -105,7 +107,7 @@ class Outcome:
 
     @classmethod
     def from_obj(cls, obj: Any) -> Outcome:
-        if not isinstance(obj, list) or len(obj) != 4 or obj[1] not in (DELIVERED, FAILED):
+        if not isinstance(obj, list) or len(obj) != 4 or obj[1] not in FINAL_STATUSES:
             raise RecordError(f"bad outcome {obj!r}")
         return cls(str(obj[0]), obj[1], str(obj[2]), float(obj[3]))
 

@@ -84,7 +84,8 @@ from spool.writer import WAIT_MAX, LogWriter, Part
 
 UNREPORTED_REPLY: Final = "451 4.4.0 delivery attempt ended without a result"
 EXPIRED_REPLY: Final = "554 5.4.7 message expired: too long in the queue"
-DELETED_REPLY: Final = "554 5.0.0 message deleted by the operator"
+DELETED_REPLY: Final = "message deleted by the operator (no bounce)"
+BOUNCED_REPLY: Final = "554 5.0.0 delivery cancelled by the operator"
 HELD_REASON: Final = "held by the operator"
 LOCATE_RETRIES: Final = 20
 
@@ -94,8 +95,16 @@ class OperatorAction(enum.Enum):
 
     HOLD = "hold"
     RELEASE = "release"
-    DELETE = "delete"
+    DELETE = "delete"  # silently: no bounce (postsuper -d, exim -Mrm)
+    BOUNCE = "bounce"  # give up: the pending recipients fail, a bounce goes out (exim -Mg)
     RETRY = "retry"
+
+
+# What an ended message's pending recipients become, with the reply a reason defaults to.
+ENDINGS: Final = {
+    OperatorAction.DELETE: (rec.DELETED, DELETED_REPLY),
+    OperatorAction.BOUNCE: (rec.FAILED, BOUNCED_REPLY),
+}
 
 
 @attrs.frozen
@@ -184,7 +193,8 @@ class _InFlight:
     closed: bool = False
     lease_expired: bool = False  # closed by the spool past ``attempt_timeout``
     hold: str | None = None  # operator hold requested while in flight
-    delete: str | None = None  # operator delete requested while in flight
+    # Operator delete or bounce requested while in flight: (status, reply) for the rest.
+    delete: tuple[str, str] | None = None
 
 
 class Attempt:
@@ -826,8 +836,12 @@ class Spool:
         """
         env = state.envelope
         if state.delete is not None:
-            self._fail_rest(state, state.delete, now)
-            reason = "deleted by the operator"
+            self._end_rest(state, *state.delete, now)
+            reason = (
+                "deleted by the operator"
+                if state.delete[0] == rec.DELETED
+                else "bounced by the operator"
+            )
         outcomes = env.outcomes + tuple(state.outcomes)
         remaining = tuple(r for r in env.recipients if r in state.deferred)
         record: rec.Record
@@ -865,16 +879,18 @@ class Spool:
         del self._in_flight[env.msg_id]
         self._cond.notify_all()
 
-    def _fail_rest(self, state: _InFlight, reply: str, now: float) -> None:
-        """Fail every recipient still pending or deferred in this attempt (operator delete)."""
+    def _end_rest(self, state: _InFlight, status: str, reply: str, now: float) -> None:
+        """End every recipient still pending or deferred in this attempt (operator delete:
+        ``deleted``, no bounce; operator bounce: ``failed``)."""
         rcpts = tuple(sorted(state.unreported | set(state.deferred)))
         if not rcpts:
             return
-        self._enqueue(rec.Delta(state.envelope.msg_id, rec.FAILED, rcpts, reply, now))
-        state.outcomes.extend(rec.Outcome(r, rec.FAILED, reply, now) for r in rcpts)
+        self._enqueue(rec.Delta(state.envelope.msg_id, status, rcpts, reply, now))
+        state.outcomes.extend(rec.Outcome(r, status, reply, now) for r in rcpts)
         state.unreported.clear()
         state.deferred.clear()
-        self._counts["failed"] += len(rcpts)
+        if status == rec.FAILED:
+            self._counts["failed"] += len(rcpts)
 
     def _promote(
         self, env: rec.Envelope, body: rec.BodyRef, klass: int, held: str | None, now: float
@@ -1222,13 +1238,22 @@ class Spool:
         self._operator_action(msg_id, OperatorAction.RELEASE, None)
 
     def delete(self, msg_id: str, reason: str = DELETED_REPLY) -> None:
-        """Fail every pending recipient of ``msg_id`` with ``reason`` and finish it.
+        """Remove ``msg_id`` silently, as ``postsuper -d`` does: its pending recipients end
+        ``deleted`` (no bounce: its outcome names no failed recipient), with ``reason``.
 
         A message in flight is finished when its attempt ends: recipients it reports
-        delivered stay delivered, the rest fail. ``reason`` is the failure reply its
-        outcome carries (a bounce quotes it).
+        delivered or failed keep that outcome, the rest are deleted. Durable on return
+        (for a message in flight: when its attempt ends).
         """
         self._operator_action(msg_id, OperatorAction.DELETE, check_text(reason, "delete reason"))
+
+    def bounce(self, msg_id: str, reason: str = BOUNCED_REPLY) -> None:
+        """Give up on ``msg_id``, as ``exim -Mg`` does: its pending recipients fail with
+        ``reason`` (a 5xx reply a bounce quotes), so its outcome asks for a bounce.
+
+        In flight, as ``delete``.
+        """
+        self._operator_action(msg_id, OperatorAction.BOUNCE, check_text(reason, "bounce reason"))
 
     def retry_now(self, msg_id: str | None = None) -> int:
         """Make one deferred message (or all, with None) due now; return how many."""
@@ -1263,10 +1288,10 @@ class Spool:
         if where is not None and not callable(where):
             raise SpoolMisuse(f"where must be a test of a QueueEntry, not {where!r}")
         if reason is None:
-            reason = {OperatorAction.HOLD: HELD_REASON, OperatorAction.DELETE: DELETED_REPLY}.get(
-                action
-            )
-        elif action in (OperatorAction.HOLD, OperatorAction.DELETE):
+            reason = HELD_REASON if action is OperatorAction.HOLD else None
+            if action in ENDINGS:
+                reason = ENDINGS[action][1]
+        elif action is OperatorAction.HOLD or action in ENDINGS:
             check_text(reason, f"{action.value} reason")
         else:
             raise SpoolMisuse(f"{action.value} takes no reason")
@@ -1336,8 +1361,9 @@ class Spool:
     def _mark_in_flight(self, state: _InFlight, action: OperatorAction, reason: str | None) -> int:
         if action is OperatorAction.HOLD:
             state.hold = reason
-        elif action is OperatorAction.DELETE:
-            state.delete = reason
+        elif action in ENDINGS:
+            assert reason is not None
+            state.delete = (ENDINGS[action][0], reason)
         elif action is OperatorAction.RELEASE and state.hold is not None:
             state.hold = None
         elif action is OperatorAction.RELEASE:
@@ -1372,11 +1398,12 @@ class Spool:
         now = self._now()
         pos = entry.envelope_at
         env = self._accepted_as_of_now(pos, env)
-        if action is OperatorAction.DELETE:
+        if action in ENDINGS:
+            assert reason is not None
             state = self._start(pos, env, frame.size, now)
             self._superseded.add(pos)
-            state.delete = reason
-            self._settle(state, now, "deleted by the operator")
+            state.delete = (ENDINGS[action][0], reason)
+            self._settle(state, now, f"{action.value}d by the operator")
             self._counts["deleted"] += 1
             return self._writer.tail
         if action is OperatorAction.HOLD:

@@ -100,8 +100,10 @@ def test_the_cli_acts_on_ids_from_standard_input_on_all_and_on_filters(tmp_path:
     assert out.returncode == 0 and "3 message(s) released" in out.stdout, out.stderr
     out = spool_cmd("delete", str(root), "--recipient", "r5@", "--reason", "550 spam run")
     assert out.returncode == 0 and "1 message(s) deleted" in out.stdout, out.stderr
+    out = spool_cmd("bounce", str(root), ids[4], "--reason", "554 5.7.1 stopped")
+    assert out.returncode == 0 and "1 message(s) returned" in out.stdout, out.stderr
     out = spool_cmd("retry", str(root), "--all")
-    assert out.returncode == 0 and "2 message(s) due now" in out.stdout, out.stderr
+    assert out.returncode == 0 and "1 message(s) due now" in out.stdout, out.stderr
     out = spool_cmd("retry", str(root))
     assert out.returncode == 2 and "--all" in out.stderr
 

@@ -135,6 +135,7 @@ STEPS = (
     "hold",
     "release",
     "delete",
+    "bounce",
     "retry",
     "bad-operator",
     "outcomes",
@@ -154,7 +155,17 @@ MENUS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ),
     (
         "operator-and-restart",
-        ("accept", "attempt", "hold", "release", "delete", "retry", "reopen", "bad-operator"),
+        (
+            "accept",
+            "attempt",
+            "hold",
+            "release",
+            "delete",
+            "bounce",
+            "retry",
+            "reopen",
+            "bad-operator",
+        ),
         False,
     ),
     (
@@ -225,6 +236,7 @@ BAD_OPERATOR_CALLS: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("hold", ("bad\ud800text",)),
     ("delete", (b"gone",)),
     ("delete", ("€" * 2000,)),
+    ("bounce", (None,)),
     ("release", ()),
 )
 
@@ -339,15 +351,23 @@ class _Workload:
             self.sp.retry_now(entry.msg_id)
 
     def do_delete(self) -> None:
+        self._end(self.sp.delete)
+
+    def do_bounce(self) -> None:
+        self._end(self.sp.bounce)
+
+    def _end(self, action: Any) -> None:
+        """An operator delete or bounce: the pending recipients are settled (deleted or
+        failed) when it returns, or when the attempt in flight ends."""
         entry = self._entry()
         if entry is None:
             return
         in_flight = any(a.msg_id == entry.msg_id for a, _ in self.open)
         if in_flight:
             self.deleting[entry.msg_id] = (len(self.trace), entry.recipients)
-            self.sp.delete(entry.msg_id)
+            action(entry.msg_id)
         else:
-            self.call("settle", entry.msg_id, entry.recipients, self.sp.delete, entry.msg_id)
+            self.call("settle", entry.msg_id, entry.recipients, action, entry.msg_id)
 
     def do_bad_operator(self) -> None:
         """Operator calls with bad arguments: a typed error, and not one operation traced."""

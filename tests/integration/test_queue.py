@@ -331,3 +331,26 @@ def test_deleting_a_held_message_the_last_runner_waits_at_does_not_revive_it(
         sp.delete(msg_id)
         assert sp.claim() is None
         assert list(sp.list()) == []
+
+
+def test_delete_is_silent_and_bounce_gives_up_with_a_bounce(spool_dir: str) -> None:
+    # Before: delete failed every pending recipient with a 554 reply, so an agent sending
+    # bounces from the outcomes bounced an operator's deletion.
+    rcpts = ["x@example.net", "y@example.net"]
+    with Spool.open(spool_dir, outcomes=True) as sp:
+        quiet, loud, busy = (sp.accept("a@example.org", rcpts, DATA) for _ in range(3))
+        sp.delete(quiet)
+        sp.bounce(loud, "554 5.7.1 relaying to them stopped")
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == busy
+        sp.delete(busy)  # in flight: applied when the attempt ends
+        with attempt:
+            attempt.delivered(["x@example.net"], "250 ok")
+        sp.sync()
+        outcomes = {o.msg_id: o for o in iter(sp.next_outcome, None)}
+    assert outcomes[quiet].failed == () and len(outcomes[quiet].deleted) == 2
+    assert [o.reply for o in outcomes[loud].failed] == ["554 5.7.1 relaying to them stopped"] * 2
+    assert outcomes[loud].deleted == ()
+    statuses = {o.recipient: o.status for o in outcomes[busy].recipients}
+    assert statuses == {"x@example.net": "delivered", "y@example.net": "deleted"}
+    assert outcomes[busy].failed == ()
