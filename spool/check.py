@@ -69,6 +69,7 @@ from spool.damage import (
     SegmentScan,
     Verdict,
     replacement,
+    same_id,
     scan_segment,
 )
 from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
@@ -196,10 +197,16 @@ def only_certain(report: CheckReport, path: str) -> CheckReport:
     def certain(problem: Problem) -> bool:
         if os.path.basename(problem.path) == fmt.SETTINGS_NAME:
             return True
-        if os.path.dirname(problem.path) != log_dir or not os.path.exists(problem.path):
-            return False  # not the log, or a segment the owner deleted meanwhile
+        if os.path.dirname(problem.path) != log_dir:
+            return False
         number = fmt.parse_segment_name(os.path.basename(problem.path))
-        return number is not None and durable(number, problem.offset)
+        if number is None:
+            return False
+        if not os.path.exists(problem.path):
+            # An owner deletes segments from the front only: a gap above a segment that
+            # is still there is damage, one at the front its garbage collection.
+            return any(n < number for n in list_segments(FileSystem(), log_dir))
+        return durable(number, problem.offset)
 
     regions = tuple(r for r in report.regions if durable(r.segment, r.start))
     return attrs.evolve(
@@ -243,7 +250,14 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     for seg in segments:
         if seg - 1 in missing:
             walk.step(Position(seg - 1, 0), _missing_region(seg - 1))
-        scan = _scan(fs, log_dir, seg, segments[-1], positions)
+        try:
+            scan = _scan(fs, log_dir, seg, segments[-1], positions)
+        except FileNotFoundError:
+            # Gone since the listing: deleted by a running owner (the pass is then
+            # repeated, or the finding left uncertain), or missing indeed.
+            problems.append(Problem(_segment_path(log_dir, seg), 0, "segment missing"))
+            walk.step(Position(seg, 0), _missing_region(seg))
+            continue
         records += sum(1 for _, item in scan.items if not isinstance(item, Region))
         size += scan.size
         _report_scan(scan, _segment_path(log_dir, seg), problems, notes)
@@ -313,8 +327,9 @@ def _envelopes_lost_with_files(
     known = {a.msg_id for a in affected}
     found = []
     for region in regions:
-        for msg_id in region.ids:
-            if msg_id in unnamed_files and msg_id not in known:
+        legible = [m for m in unnamed_files for seen in region.ids if same_id(seen, m)]
+        for msg_id in sorted(set(legible)):
+            if msg_id not in known:
                 detail = "sender and recipients unknown; its body file is kept in corrupt/"
                 found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
                 known.add(msg_id)

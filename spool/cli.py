@@ -560,16 +560,21 @@ def stats(directory: str, as_json: bool) -> None:
 
 
 def disk_use(directory: str) -> dict[str, int]:
-    """Bytes on disk by kind of file."""
+    """Bytes on disk by kind of file (a file a running owner removes meanwhile counts 0)."""
+
+    def size(path: str) -> int:
+        try:
+            return os.path.getsize(path) if os.path.isfile(path) else 0
+        except FileNotFoundError:
+            return 0
+
     out = {"log": 0, "bodies": 0, "corrupt": 0, "other": 0}
     for kind, sub in (("log", fmt.LOG_DIR), ("bodies", fmt.BODY_DIR), ("corrupt", fmt.CORRUPT_DIR)):
         path = os.path.join(directory, sub)
         if os.path.isdir(path):
-            out[kind] = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+            out[kind] = sum(size(os.path.join(path, n)) for n in os.listdir(path))
     for name in os.listdir(directory):
-        full = os.path.join(directory, name)
-        if os.path.isfile(full):
-            out["other"] += os.path.getsize(full)
+        out["other"] += size(os.path.join(directory, name))
     return out
 
 

@@ -10,8 +10,9 @@ The rule (docs/design.md, "Time"):
   shows how far the wall clock has moved away since the open; the next open reads it again.
 - Across a restart the wall clock is the only clock there is. An envelope written before
   this open and stamped later than the open's time (the clock went back across the restart)
-  is scheduled and aged as if stamped at the open: it is due at most one retry interval
-  after the open and never expires earlier than it would have. An envelope stamped in the
+  is due at once (when it was really written is unknown; its attempt rewrites it with a true
+  stamp), and is aged as if accepted at the open, so it never expires earlier than it would
+  have. An envelope stamped in the
   past is simply due; its age counts the time the spool was down, as Postfix counts a
   message's time in the queue from its arrival.
 - Every envelope written has ``accepted_at <= written_at``: a rewritten envelope whose
@@ -100,7 +101,11 @@ class SpoolTime:
     def written_at(self, pos: Position, env: Envelope) -> float:
         """When ``env`` (at ``pos``) counts as written, for its retry schedule."""
         if self.epoch is not None and pos < self.epoch and env.written_at > self.opened_at:
-            return self.opened_at  # stamped in the future by an earlier open
+            # Stamped in the future by an earlier open: when it was really written is
+            # unknown, so it is due now; its attempt rewrites it with a true stamp. (Due
+            # one interval after the open instead, it would never come due in opens
+            # shorter than its interval: a queue run from cron.)
+            return float("-inf")
         return env.written_at
 
     def accepted_at(self, pos: Position, env: Envelope) -> float:

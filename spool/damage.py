@@ -392,7 +392,7 @@ def _classify(
     padding = corrected is not None and corrected[8] == fmt.T_PAD
     if padding or _was_padding(data[start:end]) or end - start < RECORD_FRAME_MIN:
         return Region(number, start, end, RegionKind.PADDING, f"padding damaged ({reason})")
-    ids = tuple(dict.fromkeys(m.decode() for m in _MSG_ID.findall(data[start:end])))
+    ids = legible_ids(data[start:end])
     known = _single_record(data[start:end])
     if known is not None:
         target = known.target if isinstance(known, rec.Control) else known.msg_id
@@ -414,7 +414,28 @@ def _classify(
 
 
 # A message id as records carry it: CBOR text of 16 (0x70) upper-case hex digits.
-_MSG_ID = re.compile(rb"(?<=\x70)[0-9A-F]{16}")
+_MSG_ID = re.compile(rb"(?<=\x70)[\x00-\xff]{16}", re.DOTALL)
+_HEX = frozenset("0123456789ABCDEF")
+
+
+def legible_ids(raw: bytes) -> tuple[str, ...]:
+    """The message ids legible in damaged bytes: each CBOR text of 16 characters (the
+    length byte 0x70 survived) with at least 14 of them still upper-case hex, so that an id
+    with a flipped character or two is still found (``same_id`` then matches it)."""
+    found = []
+    for match in _MSG_ID.finditer(raw):
+        text = match.group().decode("latin-1")
+        if sum(c in _HEX for c in text) >= 14:
+            found.append(text)
+    return tuple(dict.fromkeys(found))
+
+
+def same_id(damaged: str, msg_id: str) -> bool:
+    """Whether an id read from damaged bytes is ``msg_id`` but for at most two characters."""
+    return (
+        len(damaged) == len(msg_id)
+        and sum(a != b for a, b in zip(damaged, msg_id, strict=True)) <= 2
+    )
 
 
 # Frames up to this size are searched for a single flipped bit (8 CRC steps a byte).

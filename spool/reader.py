@@ -171,7 +171,14 @@ class LogCursor:
         header = self._fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
         problem = check_segment_header(header, segment, path)
         if problem is not None:
-            self._bad(Position(segment, 0), problem, self._fs.size(fd))
+            # The writer may have created the file and written it since the read (a reader
+            # beside a running owner): read it again after taking the size, so that the
+            # size never covers bytes the header read did not see.
+            size = self._fs.size(fd)
+            header = self._fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
+            problem = check_segment_header(header, segment, path)
+            if problem is not None:
+                self._bad(Position(segment, 0), problem, size)
         self._salt = segment_salt(header)
         if self.position.offset < fmt.SEGMENT_HEADER_SIZE:
             self.position = Position(segment, fmt.SEGMENT_HEADER_SIZE)

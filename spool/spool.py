@@ -345,6 +345,14 @@ class Spool:
                 self._recover_and_start()
             except OSError as exc:
                 raise _environment_error(f"recovering {path}", exc) from exc
+            except SpoolFailed as exc:
+                # The writer's own failure (recovery's records, the first checkpoint): a
+                # full disk is DiskFull here too, not "close and reopen".
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise DiskFull(
+                        f"no space left while recovering {path}: free some space and open it again"
+                    ) from exc
+                raise
         except BaseException:
             self._abort_open()
             raise
@@ -576,7 +584,7 @@ class Spool:
         with self._lock:
             # Its frames (the body, inline or in its file, included) and a batch's padding.
             need = sum(len(p) + fmt.FRAME_HEADER_SIZE for _, p in parts) + 2 * fmt.SECTOR
-            self._reserve_space(need if inline else need + len(data))
+            self._reserve_space(need if inline else need + file_blocks(len(data)))
         if not inline:
             self._writer.check_usable()  # a failed writer would leave the file an orphan
             try:
@@ -627,17 +635,28 @@ class Spool:
         return rcpts
 
     def _reserve_space(self, need: int) -> None:
-        """Refuse (``DiskFull``) an accept that would leave less than ``min_free_bytes``.
+        """Refuse (``DiskFull``) an accept that would leave less than ``min_free_bytes``;
+        nothing is written then. Lock held."""
+        if not self._room_for(need):
+            raise DiskFull(
+                f"free space in {self.path} would fall under min_free_bytes "
+                f"({self.options.min_free_bytes}) with this message; new mail is refused "
+                "for now (answer 452), deliveries go on and free space"
+            )
+
+    def _room_for(self, need: int) -> bool:
+        """Whether ``need`` more bytes leave at least ``min_free_bytes`` free; if so they are
+        counted as written.
 
         The file system is asked at most every quarter second, and again whenever the
-        estimate comes near the threshold; in between, what accepts wrote since the last
-        look is subtracted from what it showed, so no burst, however fast, runs past the
-        threshold into ENOSPC. What is left is the reserve that deliveries write their
-        records into. Lock held.
+        estimate comes near the threshold; in between, what was written since the last look
+        (accepts, body copies) is subtracted from what it showed, so no burst, however fast,
+        runs past the threshold into ENOSPC. What is left is the reserve that deliveries
+        write their records into. Lock held.
         """
         reserve = self.options.min_free_bytes
         if reserve <= 0:
-            return
+            return True
         now = time.monotonic()
         estimate = self._free_seen - self._written_since_look
         if now - self._free_checked_at > 0.25 or estimate - need < reserve:
@@ -645,12 +664,9 @@ class Spool:
             self._written_since_look = 0
             self._free_checked_at = now
         if estimate - need < reserve:
-            raise DiskFull(
-                f"free space in {self.path} ({estimate} bytes) would fall under "
-                f"min_free_bytes ({reserve}) with this message; new mail is refused for now "
-                "(answer 452), deliveries go on and free space"
-            )
+            return False
         self._written_since_look += need
+        return True
 
     # --- claiming ----------------------------------------------------------------------
 
@@ -911,6 +927,10 @@ class Spool:
         if held is None and due - env.accepted_at <= self.options.longest_interval:
             return body, None
         assert body.at is not None
+        if not self._room_for(file_blocks(body.size)):
+            # The copy would eat into the reserve deliveries need: keep the body inline
+            # (its segment stays pinned longer; nothing is lost); a later rewrite retries.
+            return body, None
         data = read_inline_body(self._fs, self._log_dir, env.msg_id, body.at)
         # Durable before the envelope naming it is appended (see bodies.py).
         try:
@@ -1575,6 +1595,13 @@ class Spool:
             # Envelopes before the durable end are behind any idle runner's skip point.
             self._fresh_envelopes = [(k, at) for k, at in self._fresh_envelopes if at >= end]
             self._cond.notify_all()
+
+
+def file_blocks(size: int) -> int:
+    """What a body file of ``size`` bytes takes on disk at most: its header and data
+    rounded up to whole 4 KiB blocks, and a block for its directory entry and inode."""
+    block = 4096
+    return -(-(size + 64) // block) * block + block
 
 
 def _environment_error(doing: str, exc: OSError) -> SpoolError:

@@ -12,7 +12,9 @@ count against a capacity).
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import pytest
 from spool import DiskFull, Spool, SpoolFailed
 from spool.fs import FileSystem
 from spool.options import SpoolOptions
-from spool.testing import SmallDiskFS, deliver_all
+from spool.testing import FakeClock, SmallDiskFS, deliver_all
 
 MIB = 1024 * 1024
 CAPACITY = 3 * MIB
@@ -32,6 +34,21 @@ OPTIONS = {
     "segment_size": 256 * 1024,
     "checkpoint_interval": 10**6,
 }
+
+
+def fill(path: Path, fs: FileSystem) -> None:
+    """Another program takes every byte left on the disk (the reserve included)."""
+    if isinstance(fs, SmallDiskFS):
+        path.write_bytes(b"\0" * 4096)
+        fs.capacity = fs.used()
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while os.write(fd, b"\0" * 4096):
+                pass
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -56,17 +73,21 @@ def small_disk(base: Path, kind: str) -> Iterator[tuple[Path, FileSystem]]:
 
 
 @pytest.mark.parametrize("kind", ["tmpfs", "model"])
+@pytest.mark.parametrize("size", [len(DATA), 1025])
 def test_a_burst_is_refused_before_the_disk_fills_and_deliveries_go_on(
-    tmp_path: Path, kind: str
+    tmp_path: Path, kind: str, size: int
 ) -> None:
+    # 1025 bytes: one over inline_body_max, so each body is a file that takes whole
+    # blocks on disk (before, only its bytes were counted and the burst reached ENOSPC).
+    data = DATA[:size]
     with small_disk(tmp_path, kind) as (disk, fs):
         root = disk / "spool"
-        sp = Spool.open(root, fs=fs, **OPTIONS)  # type: ignore[arg-type]
+        sp = Spool.open(root, fs=fs, inline_body_max=1024, **OPTIONS)  # type: ignore[arg-type]
         accepted = []
         with pytest.raises(DiskFull, match="452"):
-            for _ in range(CAPACITY // len(DATA) + 10):  # a tight loop: no time passes
-                accepted.append(sp.accept("from@example.org", ["to@example.net"], DATA))
-        assert len(accepted) >= (CAPACITY - 2 * MIB) // len(DATA) // 2  # not refused early
+            for _ in range(CAPACITY // len(data) + 10):  # a tight loop: no time passes
+                accepted.append(sp.accept("from@example.org", ["to@example.net"], data))
+        assert len(accepted) >= (CAPACITY - 2 * MIB) // (len(data) + 4096) // 2
         assert fs.free_bytes(str(root)) >= MIB // 2  # the reserve is still there
         # Deliveries and their records go on in the reserve.
         assert sorted(deliver_all(sp)) == sorted(accepted)
@@ -93,13 +114,7 @@ def test_after_a_write_failed_close_unlocks_and_the_spool_opens_again(
         ids = [sp.accept("from@example.org", ["to@example.net"], DATA) for _ in range(40)]
         # Another program takes every byte left, the reserve included.
         filler = disk / "filler"
-        with open(filler, "wb") as f, contextlib.suppress(OSError):
-            while f.write(b"\0" * 65536):
-                f.flush()
-                if isinstance(fs, SmallDiskFS) and fs.free_bytes(str(disk)) < 65536:
-                    break
-        if isinstance(fs, SmallDiskFS):
-            fs.capacity = fs.used()
+        fill(filler, fs)
         delivered = []
         with pytest.raises(SpoolFailed, match="No space left"):
             while (attempt := sp.claim(timeout=0)) is not None:
@@ -112,3 +127,56 @@ def test_after_a_write_failed_close_unlocks_and_the_spool_opens_again(
         with Spool.open(root, fs=fs, **OPTIONS) as again:  # type: ignore[arg-type]
             # Every message not reported durably delivered is delivered now; none is lost.
             assert sorted(delivered + deliver_all(again)) == sorted(ids)
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "model"])
+def test_a_reopen_with_no_room_to_recover_raises_disk_full(tmp_path: Path, kind: str) -> None:
+    with small_disk(tmp_path, kind) as (disk, fs):
+        root = disk / "spool"
+        child = (
+            "import os\nfrom spool import Spool\n"
+            f"sp = Spool.open({str(root)!r}, min_free_bytes=0)\n"
+            "sp.accept('a@example.org', ['b@example.net'], b'hello')\n"
+            "attempt = sp.claim(timeout=0)\n"  # in flight: recovery must write for it
+            "sp.sync()\nos._exit(0)\n"
+        )
+        subprocess.run([sys.executable, "-c", child], check=True)
+        filler = disk / "filler"
+        fill(filler, fs)
+        # Before: SpoolFailed, "close and reopen the spool to recover".
+        with pytest.raises(DiskFull, match="free some space"):
+            Spool.open(root, fs=fs, min_free_bytes=0)
+        filler.unlink()
+        if isinstance(fs, SmallDiskFS):
+            fs.capacity = CAPACITY
+        with Spool.open(root, fs=fs, min_free_bytes=0) as sp:
+            sp.retry_now()  # recovery deferred the attempt the crash interrupted
+            assert len(deliver_all(sp)) == 1
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "model"])
+def test_deferrals_at_the_threshold_do_not_eat_the_reserve(tmp_path: Path, kind: str) -> None:
+    # Before: a deferral whose next attempt came late copied its inline body to a file
+    # (promotion) uncounted; at the threshold the copies took the reserve, deliveries
+    # failed with ENOSPC and every reopen failed.
+    big = b"Subject: big\r\n\r\n" + b"b" * 200_000 + b"\r\n"
+    with small_disk(tmp_path, kind) as (disk, fs):
+        root = disk / "spool"
+        options = {**OPTIONS, "retry_intervals": (60.0, 3600.0), "inline_body_max": 256 * 1024}
+        clock = FakeClock()
+        sp = Spool.open(root, fs=fs, clock=clock, **options)  # type: ignore[arg-type]
+        accepted = []
+        with pytest.raises(DiskFull):
+            while True:
+                accepted.append(sp.accept("from@example.org", ["to@example.net"], big))
+        for _ in range(2):  # the second deferral is due after the longest interval: promoted
+            while (attempt := sp.claim(timeout=0)) is not None:
+                with attempt:
+                    attempt.deferred(attempt.envelope.recipients, "451 try later")
+            clock.advance(61)
+        assert fs.free_bytes(str(root)) >= MIB // 2  # the reserve is still there
+        sp.retry_now()
+        assert sorted(deliver_all(sp)) == sorted(accepted)
+        sp.close()
+        with Spool.open(root, fs=fs, clock=clock, **options):  # type: ignore[arg-type]
+            pass

@@ -244,21 +244,27 @@ def observe_repaired(root: str) -> RepairedObservation:
 
 
 def judge_repaired(
-    obs: RepairedObservation, ledger: Ledger, prefix: int, damaged: tuple[str, str]
+    obs: RepairedObservation,
+    ledger: Ledger,
+    prefix: int,
+    damaged: tuple[tuple[str, str], ...],
 ) -> list[str]:
-    """``damaged`` is (kind, message) of the frame the flip hit, in the undamaged state."""
+    """``damaged`` is (kind, message) of each frame the flipped bits hit, in the undamaged
+    state (two bits a few bytes apart may hit two frames)."""
     if obs.error is not None:
         return [obs.error]
     bad = [f"not clean after repair: {p}" for p in obs.problems_after]
     bad += [f"not clean after repair and more work: {p}" for p in obs.problems_at_end]
-    kind, owner = damaged
-    if kind in ("pad", "header") and obs.named:
-        bad.append(f"damaged {kind} touched no mail, but the repair named {sorted(obs.named)}")
-    if kind == "body" and not obs.named <= {owner}:
-        bad.append(f"a damaged body of {owner}, but the repair named {sorted(obs.named)}")
+    kinds = {kind for kind, _ in damaged}
+    bodies = {owner for kind, owner in damaged if kind == "body"}
+    if kinds <= {"pad", "header"} and obs.named:
+        what = "/".join(sorted(kinds))
+        bad.append(f"damaged {what} touched no mail, but the repair named {sorted(obs.named)}")
+    if kinds <= {"pad", "header", "body"} and bodies and not obs.named <= bodies:
+        bad.append(f"a damaged body of {sorted(bodies)}, but the repair named {sorted(obs.named)}")
     assert obs.observed is not None
     seen = obs.observed
-    exempt = obs.named | ({owner} if kind == "control" else set())
+    exempt = obs.named | {owner for kind, owner in damaged if kind == "control"}
     bad += judge(seen, ledger, prefix, exempt=frozenset(exempt))
     acked = ledger.settled_acked(prefix)
     for msg, rcpts in seen.handed_out or []:

@@ -203,8 +203,8 @@ class Explorer:
         damaged = flip_durable_byte(state, rng)
         if damaged is None:
             return
-        flipped, path, offset = damaged
-        where = f"{path} byte {offset}"
+        flipped, path, offsets = damaged
+        where = f"{path} byte{'s' if len(offsets) > 1 else ''} {', '.join(map(str, offsets))}"
         digest = flipped.digest()
         if digest in self._seen:
             return
@@ -215,8 +215,10 @@ class Explorer:
             self._violation(recorded, sim, prefix, chosen, [f"after flipping {where}", *problems])
             return
         if self.repair:
-            owner = frame_owner(dict(state.files)[path], offset)
-            problems = self._check_repair(flipped, work, recorded.ledger, prefix, owner)
+            # The second bit may land in the next frame: every frame hit counts.
+            data = dict(state.files)[path]
+            owners = tuple(dict.fromkeys(frame_owner(data, offset) for offset in offsets))
+            problems = self._check_repair(flipped, work, recorded.ledger, prefix, owners)
             self.report.repaired_states += 1
             if problems:
                 self._violation(
@@ -224,19 +226,28 @@ class Explorer:
                     sim,
                     prefix,
                     chosen,
-                    [f"after flipping {where} ({owner[0]} of {owner[1] or '-'})", *problems],
+                    [
+                        f"after flipping {where} "
+                        f"({'; '.join(f'{k} of {m or chr(45)}' for k, m in owners)})",
+                        *problems,
+                    ],
                     "spool check --repair of ",
                 )
 
     def _check_repair(
-        self, state: TreeState, work: str, ledger: Ledger, prefix: int, owner: tuple[str, str]
+        self,
+        state: TreeState,
+        work: str,
+        ledger: Ledger,
+        prefix: int,
+        owners: tuple[tuple[str, str], ...],
     ) -> list[str]:
         dest = os.path.join(work, "repair")
         shutil.rmtree(dest, ignore_errors=True)
         state.write(dest)
         try:
             obs = observe_repaired(os.path.join(dest, "spool"))
-            return judge_repaired(obs, ledger, prefix, owner)
+            return judge_repaired(obs, ledger, prefix, owners)
         finally:
             shutil.rmtree(dest, ignore_errors=True)
 
@@ -320,10 +331,12 @@ class Explorer:
                 self._violation(recorded, sim, p, chosen, problems, during)
 
 
-def flip_durable_byte(state: TreeState, rng: random.Random) -> tuple[TreeState, str, int] | None:
+def flip_durable_byte(
+    state: TreeState, rng: random.Random
+) -> tuple[TreeState, str, tuple[int, ...]] | None:
     """A copy of ``state`` with one bit of a segment flipped inside the durable log (before
     the restart positions' ``consistent`` end), and half the time a second one a few bytes
-    on; the file and the (first) offset; None if nothing is durable."""
+    on; the file and the offsets flipped; None if nothing is durable."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -349,10 +362,12 @@ def flip_durable_byte(state: TreeState, rng: random.Random) -> tuple[TreeState, 
     offset = rng.randrange(limit)
     data = bytearray(files[path])
     data[offset] ^= 1 << rng.randrange(8)
+    offsets = [offset]
     if rng.random() < 0.5:
-        # A second bit nearby (usually in the same frame): damage no single bit explains,
-        # so the repair cannot simply set it right and must set it aside.
+        # A second bit nearby (usually in the same frame, sometimes in the next): damage
+        # no single bit explains, so the repair cannot simply set it right.
         second = min(limit - 1, offset + rng.randrange(1, 16))
         data[second] ^= 1 << rng.randrange(8)
+        offsets.append(second)
     files[path] = bytes(data)
-    return TreeState(state.dirs, tuple(sorted(files.items()))), path, offset
+    return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)

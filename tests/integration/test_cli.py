@@ -9,16 +9,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from spool import Spool
+from spool import CorruptSpool, Spool
 from spool import format as fmt
 from spool.check import check_spool, only_certain
 from spool.cli import main
+from spool.fs import FileSystem
 from spool.testing import tree_snapshot
 from tests.integration.children import LOAD_OPTIONS
 
@@ -325,3 +327,62 @@ def test_damage_in_the_durable_log_stays_certain_beside_a_running_owner(spool_di
     assert report.changing and not report.clean
     assert {Path(p.path).name for p in report.problems} == {fmt.segment_name(1)}
     assert report.orphan_bodies == ()
+
+
+class PreemptedFS(FileSystem):
+    """Delays that model thread preemption at the worst moments: the writer between
+    creating a segment and writing its header, a reader right after reading it empty."""
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        if offset == 0:
+            time.sleep(0.005)
+        super().pwrite(fd, data, offset)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        data = super().pread(fd, size, offset)
+        if offset == 0 and size == fmt.SEGMENT_HEADER_SIZE and len(data) < size:
+            time.sleep(0.02)
+        return data
+
+
+def test_a_list_racing_the_creation_of_a_segment_is_not_corruption(tmp_path: Path) -> None:
+    # Before: the header of a segment created a moment before read empty, the file had grown
+    # by the time its size was asked, and list() raised CorruptSpool on a healthy spool.
+    sp = Spool.open(tmp_path / "spool", segment_size=512, fs=PreemptedFS())
+    stop = time.monotonic() + 3
+    errors: list[Exception] = []
+
+    def accept() -> None:
+        while time.monotonic() < stop and not errors:
+            sp.accept("a@example.org", ["b@example.net"], b"x" * 100)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    try:
+        while time.monotonic() < stop and not errors:
+            try:
+                list(sp.list())
+            except CorruptSpool as exc:
+                errors.append(exc)
+    finally:
+        thread.join()
+        sp.close()
+    assert errors == []
+
+
+def test_a_segment_missing_from_the_middle_is_certain_beside_a_running_owner(
+    spool_dir: str,
+) -> None:
+    with Spool.open(spool_dir, segment_size=512) as sp:
+        for i in range(40):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100)
+    segments = sorted(os.listdir(Path(spool_dir, fmt.LOG_DIR)))
+    assert len(segments) > 4
+    Path(spool_dir, fmt.LOG_DIR, segments[2]).unlink()  # a gap, not the front
+    report = only_certain(check_spool(spool_dir), spool_dir)
+    assert any(p.what == "segment missing" for p in report.problems)
+    Path(spool_dir, fmt.LOG_DIR, segments[0]).unlink()  # the front: collected by the owner
+    report = only_certain(check_spool(spool_dir), spool_dir)
+    assert {Path(p.path).name for p in report.problems if p.what == "segment missing"} == {
+        segments[2]
+    }
