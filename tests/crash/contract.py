@@ -32,6 +32,7 @@ from spool import records as rec
 from spool.check import check_spool, repair_spool
 from spool.framing import Frame, parse_frame
 from spool.fs import FileSystem
+from spool.options import load_settings
 from spool.queue_view import walk
 from spool.reader import check_segment_header, segment_salt
 from spool.records import Position
@@ -89,7 +90,13 @@ def observe(root: str, *, second_open: bool = True) -> Observation:
         log_live = live_envelopes(root)
         reopened, handed_out, outcomes = queue, None, None
         if second_open:
+            recorded = load_settings(FileSystem(), root).get("outcomes", False)
             with Spool.open(root, clock=clock, **TUNING) as sp:
+                if recorded and not sp.options.outcomes:
+                    raise AssertionError(
+                        "the spool records outcomes=True, but an open that names no options "
+                        "turned outcome tracking off"
+                    )
                 reopened = _queue(sp)
                 clock.advance(sp.options.longest_interval + 1)  # recovery's come due too
                 handed_out = _claim_all(sp)
