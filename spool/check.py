@@ -190,6 +190,7 @@ def only_certain(report: CheckReport, path: str) -> CheckReport:
     uncertain; damage in the durable log and a damaged settings file stay problems."""
     end = report.durable_end
     log_dir = os.path.join(path, fmt.LOG_DIR)
+    present = list_segments(FileSystem(), log_dir) if os.path.isdir(log_dir) else []
 
     def durable(segment: int, offset: int) -> bool:
         return end is not None and Position(segment, offset) < end
@@ -205,7 +206,7 @@ def only_certain(report: CheckReport, path: str) -> CheckReport:
         if not os.path.exists(problem.path):
             # An owner deletes segments from the front only: a gap above a segment that
             # is still there is damage, one at the front its garbage collection.
-            return any(n < number for n in list_segments(FileSystem(), log_dir))
+            return any(n < number for n in present)
         return durable(number, problem.offset)
 
     regions = tuple(r for r in report.regions if durable(r.segment, r.start))

@@ -581,17 +581,19 @@ class Spool:
             raise MessageTooLarge(f"{exc}; send fewer recipients per message") from None
         if inline:
             parts.append((fmt.T_BODY, rec.encode_body(msg_id, data)))
-        with self._lock:
-            # Its frames (the body, inline or in its file, included) and a batch's padding.
-            need = sum(len(p) + fmt.FRAME_HEADER_SIZE for _, p in parts) + 2 * fmt.SECTOR
-            self._reserve_space(need if inline else need + file_blocks(len(data)))
+        # Its frames (the body, inline or in its file, included) and a batch's padding.
+        need = sum(len(p) + fmt.FRAME_HEADER_SIZE for _, p in parts) + 2 * fmt.SECTOR
         if not inline:
+            with self._lock:
+                self._reserve_space(need + file_blocks(len(data)))  # before the file
             self._writer.check_usable()  # a failed writer would leave the file an orphan
             try:
                 write_body_file(self._fs, self._body_dir, msg_id, data)
             except OSError as exc:
                 raise self._body_write_failed(msg_id, exc) from exc
         with self._lock:
+            if inline:
+                self._reserve_space(need)  # refused: nothing appended
             start, end = self._append(parts, env.klass)
             if inline:
                 self._body_refs[start.segment] = self._body_refs.get(start.segment, 0) + 1

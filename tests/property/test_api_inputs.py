@@ -32,6 +32,7 @@ from spool import (
     SpoolClosed,
     SpoolMisuse,
     UnknownMessage,
+    options,
 )
 from spool.check import check_spool
 from spool.options import RECIPIENTS_LIMIT, TEXT_MAX
@@ -199,26 +200,7 @@ def test_waiting_calls_take_only_a_number_of_seconds(timeout: Any) -> None:
 
 @SETTINGS
 @given(
-    option=st.sampled_from(
-        [
-            "retry_intervals",
-            "max_lifetime",
-            "crash_limit",
-            "outcomes",
-            "archive_dir",
-            "segment_size",
-            "inline_body_max",
-            "max_message_size",
-            "max_recipients",
-            "min_free_bytes",
-            "max_in_flight",
-            "sync_every",
-            "sync_interval",
-            "checkpoint_interval",
-            "checkpoint_every",
-            "clock",
-        ]
-    ),
+    option=st.sampled_from([*options.SETTINGS, *options.TUNING, "clock"]),
     value=anything,
 )
 def test_every_option_value_opens_or_is_refused_before_the_directory_is_touched(
