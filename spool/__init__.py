@@ -7,6 +7,7 @@ for an embedding example and docs/ for the design, the format and the fault mode
 from spool.errors import (
     AttemptExpired,
     BadSpoolDirectory,
+    BodyGone,
     CorruptSpool,
     DiskFull,
     InvalidAddress,
@@ -20,6 +21,7 @@ from spool.errors import (
     UnknownMessage,
 )
 from spool.options import SpoolOptions
+from spool.outcomes import MessageOutcome
 from spool.queue_view import QueueEntry
 from spool.recovery import RecoveryReport
 from spool.spool import (
@@ -36,11 +38,13 @@ __all__ = [
     "Attempt",
     "AttemptExpired",
     "BadSpoolDirectory",
+    "BodyGone",
     "CorruptSpool",
     "DiskFull",
     "InvalidAddress",
     "InvalidMessage",
     "MessageEnvelope",
+    "MessageOutcome",
     "MessageTooLarge",
     "OperatorAction",
     "QueueEntry",

@@ -3,18 +3,22 @@
 A body up to ``inline_body_max`` is written as a BODY frame right after the message's
 first envelope, in the same batch and the same fdatasync: one fsync per accept. Runners
 step over it by its length without reading it. A larger body is written to
-``bodies/<msg_id>`` first (data, fdatasync, directory fsync), then the envelope naming it.
+``incoming/<msg_id>`` first (data, fdatasync, directory fsync), then the envelope naming
+it; the first checkpoint after that envelope is durable moves the file to
+``bodies/<msg_id>``. Readers look in ``incoming/`` first, then in ``bodies/`` (a file only
+ever moves that way, so a read racing the move finds it).
 Retries never rewrite a body: replacement envelopes carry a reference to where it is.
 See docs/design.md, "Bodies", for why and for how inline bodies stop pinning segments.
 
 Crash safety:
     A body file is complete and durable (file and directory synced) before the envelope
     that names it is appended, so no durable envelope names a missing body. A crash after
-    the file and before the envelope leaves an orphan file with no envelope. Recovery
-    does not remove it (it reads only the log's working suffix, so it cannot know that no
-    older envelope names the file); ``spool check`` reports it and ``--repair`` moves it
-    to ``corrupt/`` (docs/design.md, "Bodies").
-    A body file is unlinked only after the finish record of its message is durable.
+    the file and before the envelope leaves an orphan in ``incoming/``: every envelope
+    that can name a file there lies in the suffix recovery scans (a checkpoint moves the
+    files whose envelopes its positions cover to ``bodies/`` before it writes them), so
+    recovery removes each file there that no scanned envelope names (docs/design.md,
+    "Bodies"). A body file is unlinked only after the finish record of its message (or,
+    with outcome tracking, the acknowledgement of its outcome) is durable.
 
 Errors:
     ``CorruptSpool`` when a body fails its checks on read.
@@ -46,8 +50,9 @@ def write_body_file(
 ) -> BodyRef:
     """Write ``data`` durably to ``bodies/<msg_id>`` and return its reference.
 
-    ``replace`` overwrites a file left by an earlier promotion whose envelope a crash lost
-    (no durable envelope names such a file, so overwriting it is safe).
+    ``body_dir`` is ``incoming/`` (bodies.py docstring). ``replace`` overwrites a file
+    left by an earlier promotion whose envelope a crash lost (no durable envelope names
+    such a file, so overwriting it is safe).
     """
     path = os.path.join(body_dir, msg_id)
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL)
@@ -63,12 +68,27 @@ def write_body_file(
     return BodyRef(BODY_FILE, len(data))
 
 
-def read_body_file(fs: FileSystem, body_dir: str, msg_id: str) -> bytes:
-    """The data of ``bodies/<msg_id>``, checked against its header."""
-    path = os.path.join(body_dir, msg_id)
+def body_file_paths(root: str, msg_id: str) -> tuple[str, str]:
+    """The two places the body file of ``msg_id`` can be, in the order to look."""
+    return os.path.join(root, fmt.INCOMING_DIR, msg_id), os.path.join(root, fmt.BODY_DIR, msg_id)
+
+
+def open_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[int, str]:
+    """An open descriptor of ``msg_id``'s body file, wherever it is, and its path;
+    ``FileNotFoundError`` if it is in neither place."""
+    staged, settled = body_file_paths(root, msg_id)
     try:
-        fd = fs.open(path, os.O_RDONLY)
+        return fs.open(staged, os.O_RDONLY), staged
     except FileNotFoundError:
+        return fs.open(settled, os.O_RDONLY), settled  # moved there, or there all along
+
+
+def read_body_file(fs: FileSystem, root: str, msg_id: str) -> bytes:
+    """The data of ``msg_id``'s body file, checked against its header."""
+    try:
+        fd, path = open_body_file(fs, root, msg_id)
+    except FileNotFoundError:
+        path = body_file_paths(root, msg_id)[1]
         raise CorruptSpool(path, 0, "body file is missing") from None
     try:
         raw = fs.pread(fd, fs.size(fd), 0)
@@ -114,4 +134,4 @@ def read_body(fs: FileSystem, root: str, msg_id: str, ref: BodyRef) -> bytes:
     if ref.kind == BODY_INLINE:
         assert ref.at is not None, "inline body reference not resolved"
         return read_inline_body(fs, os.path.join(root, fmt.LOG_DIR), msg_id, ref.at)
-    return read_body_file(fs, os.path.join(root, fmt.BODY_DIR), msg_id)
+    return read_body_file(fs, root, msg_id)

@@ -59,7 +59,13 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.bodies import check_body_file, read_body_file, read_inline_body
+from spool.bodies import (
+    body_file_paths,
+    check_body_file,
+    open_body_file,
+    read_body_file,
+    read_inline_body,
+)
 from spool.damage import (
     RECORD_FRAME_MIN,
     Affected,
@@ -179,6 +185,7 @@ def _fingerprint(path: str) -> tuple[object, ...]:
     return (
         positions,
         listing(os.path.join(path, fmt.LOG_DIR), True),
+        listing(os.path.join(path, fmt.INCOMING_DIR), False),
         listing(os.path.join(path, fmt.BODY_DIR), False),
     )
 
@@ -227,7 +234,6 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     """One pass of ``check_spool``."""
     started = time.monotonic()
     log_dir = os.path.join(path, fmt.LOG_DIR)
-    body_dir = os.path.join(path, fmt.BODY_DIR)
     problems: list[Problem] = []
     notes: list[str] = []
     bad_settings = _check_settings(fs, path, problems)
@@ -276,17 +282,25 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
             + (f" (copies: {', '.join(copies)})" if copies else "")
         )
     live = set(walk.live)
-    bad_files = _check_bodies(fs, body_dir, walk, problems)
+    bad_files = _check_bodies(fs, path, walk, problems)
     walk.bad_files = set(bad_files)
     affected = walk.verdicts()
     regions = [
         attrs.evolve(r, sup=tuple(walk.lost_starts.get((r.segment, r.start), ()))) for r in regions
     ]
     _report_unfinished_repairs(affected, problems, notes)
-    present = set(os.listdir(body_dir)) if os.path.isdir(body_dir) else set()
+    present = _body_files(path)
     affected.extend(_envelopes_lost_with_files(present - live, regions, affected))
     named = {a.msg_id for a in affected if a.verdict is not Verdict.RECORDS_LOST}
-    orphans = sorted(present - live - named)
+    for_bounces = walk.awaiting_ack & present
+    if bad_settings or not _tracks_outcomes(fs, path):
+        for_bounces = set()
+    orphans = sorted(present - live - named - for_bounces)
+    if for_bounces:
+        notes.append(
+            f"{len(for_bounces)} body file(s) of finished messages kept until their "
+            "outcome is acknowledged (outcome tracking)"
+        )
     if orphans:
         notes.append(
             f"{len(orphans)} body file(s) that no live message names (left by a crash during "
@@ -415,21 +429,41 @@ def _check_pairs(scan: SegmentScan, path: str, problems: list[Problem]) -> None:
     # (``_dry_run_recovery``) reports.
 
 
+def _body_files(root: str) -> set[str]:
+    """The names of the body files in incoming/ and bodies/ (incoming/ listed first: a
+    file moving from there meanwhile is then seen in bodies/)."""
+    names: set[str] = set()
+    for sub in (fmt.INCOMING_DIR, fmt.BODY_DIR):
+        with contextlib.suppress(FileNotFoundError):
+            names.update(os.listdir(os.path.join(root, sub)))
+    return names
+
+
+def _body_path(root: str, msg_id: str) -> str:
+    """Where the body file of ``msg_id`` is now: incoming/ or bodies/."""
+    staged, settled = body_file_paths(root, msg_id)
+    return staged if os.path.exists(staged) else settled
+
+
 def _check_bodies(
-    fs: FileSystem, body_dir: str, walk: Assessment, problems: list[Problem]
+    fs: FileSystem, root: str, walk: Assessment, problems: list[Problem]
 ) -> list[str]:
     """The body files of live messages: each present and intact. Returns the bad ones."""
     bad = []
     for msg_id, state in walk.live.items():
         if state.body is None or state.body.kind != rec.BODY_FILE:
             continue
-        path = os.path.join(body_dir, msg_id)
         try:
-            raw = _read_all(fs, path)
+            fd, path = open_body_file(fs, root, msg_id)
         except FileNotFoundError:
+            path = body_file_paths(root, msg_id)[1]
             problems.append(Problem(path, 0, "body file of a live message is missing"))
             bad.append(msg_id)
             continue
+        try:
+            raw = fs.pread(fd, fs.size(fd), 0)
+        finally:
+            fs.close(fd)
         why = check_body_file(raw)
         if why is not None:
             problems.append(Problem(path, 0, why))
@@ -465,6 +499,11 @@ def _report_unfinished_repairs(
             )
         else:
             notes.append(f"{a.msg_id}: {a.verdict.value} at {a.region} ({a.detail or 'held'})")
+
+
+def _tracks_outcomes(fs: FileSystem, path: str) -> bool:
+    """Whether the spool's recorded settings track outcomes (bodies kept for bounces)."""
+    return bool(load_settings(fs, path).get("outcomes", False))
 
 
 def _check_settings(fs: FileSystem, path: str, problems: list[Problem]) -> bool:
@@ -597,14 +636,14 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
         done.append(f"copied {src} to {copies[seg]}")
     moved = False
     for msg_id in report.bad_body_files:
-        src = os.path.join(body_dir, msg_id)
+        src = _body_path(root, msg_id)
         if os.path.exists(src):
             target = os.path.join(corrupt, f"body.{msg_id}.{stamp}.bad")
             fs.rename(src, target)
             done.append(f"moved the damaged body file {src} to {target}")
             moved = True
     for msg_id in report.orphan_bodies:
-        src = os.path.join(body_dir, msg_id)
+        src = _body_path(root, msg_id)
         target = os.path.join(corrupt, f"body.{msg_id}.{stamp}.orphan")
         fs.rename(src, target)
         done.append(f"moved orphan body file {src} to {target}")
@@ -612,7 +651,7 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
     for a in report.affected:
         # A message whose envelope was lost may still have a body file: keep its data (move
         # it when nothing live names it; copy it when recovery will finish the message).
-        src = os.path.join(body_dir, a.msg_id)
+        src = _body_path(root, a.msg_id)
         if a.verdict is Verdict.ENVELOPE_LOST and os.path.exists(src):
             target = os.path.join(corrupt, f"body.{a.msg_id}.{stamp}.lost-envelope")
             if a.live:
@@ -643,6 +682,8 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
     if moved:
         fs.fsync_dir(corrupt)
         fs.fsync_dir(body_dir)
+        if os.path.isdir(os.path.join(root, fmt.INCOMING_DIR)):
+            fs.fsync_dir(os.path.join(root, fmt.INCOMING_DIR))
         fs.fsync_dir(root)
     regions = {seg: [r for r in report.regions if r.segment == seg] for seg in damaged}
     for seg in damaged:
@@ -780,7 +821,7 @@ def _restore_one(sp: Spool, path: str, a: Affected) -> str:
     log_dir = os.path.join(path, fmt.LOG_DIR)
     try:
         if env.body.kind == rec.BODY_FILE:
-            data = read_body_file(sp._fs, os.path.join(path, fmt.BODY_DIR), env.msg_id)
+            data = read_body_file(sp._fs, path, env.msg_id)
         else:
             at = env.body.at or Position(a.region.segment, a.region.end)  # first: body follows
             data = read_inline_body(sp._fs, log_dir, env.msg_id, at)

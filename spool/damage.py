@@ -661,6 +661,9 @@ class Assessment:
         self.lost_starts: dict[tuple[int, int], list[Position]] = {}  # region -> envelopes
         self.lost_envelopes_of: dict[str, Region] = {}  # one lost envelope record each
         self.previous: tuple[Position, Frame | Region] | None = None
+        # Finished messages with a body file and no outcome acknowledgement (yet): with
+        # outcome tracking their files are kept for the bounce (outcomes.py).
+        self.awaiting_ack: set[str] = set()
 
     def region_at(self, at: Position) -> Region | None:
         return next((r for r in self.regions if r.holds(at)), None)
@@ -696,7 +699,10 @@ class Assessment:
             # named as lost (verdicts).
             self.lost_envelopes_of.setdefault(region.lost_target, region)
             return
-        if region.lost in (_FINISH, _CONTROL):
+        operator = isinstance(region.record, rec.Control) and (
+            region.record.action in rec.IN_FLIGHT_ACTIONS
+        )
+        if region.lost == _FINISH or (region.lost == _CONTROL and not operator):
             # Safe to lose alone: the attempt a finish closed is decided again by recovery
             # from its start and deltas; a lost outcome acknowledgement costs at most a
             # second bounce.
@@ -718,7 +724,9 @@ class Assessment:
             return
         # A lost start endangers the message it started (if that is still unstarted here),
         # a lost delta the attempt it belongs to (if that is in flight here).
-        wanted = {_START: False, _DELTA: True}.get(region.lost)
+        # An operator's action on a message in flight (a control record) counts as a delta:
+        # recovery would decide the attempt without the hold or delete it asked for.
+        wanted = {_START: False, _DELTA: True, _CONTROL: True}.get(region.lost)
         if target is not None and wanted is not None and target.started == wanted:
             self.suspects.setdefault(region.lost_target, region)
         else:
@@ -767,6 +775,10 @@ class Assessment:
                 self._start_was_lost(state.envelope_at)
             self._reestablished(record.msg_id)
             self.lost_envelopes.pop(record.msg_id, None)
+            if record.body.kind == rec.BODY_FILE:
+                self.awaiting_ack.add(record.msg_id)
+        elif isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
+            self.awaiting_ack.discard(record.target)
 
     def _passed_over(self, state: _Live | None, named: Position) -> None:
         """A record of a message moves on from ``named``; if the message's live envelope

@@ -71,6 +71,19 @@ class UnknownMessage(SpoolError, KeyError):
         return str(self.args[0])
 
 
+class BodyGone(SpoolError):
+    """The body of a finished message is no longer kept (``Spool.outcome_body``).
+
+    With outcome tracking, a body is kept until its outcome is acknowledged when it is in
+    a file, and a message whose outcome names a failed recipient has its body in a file;
+    an inline body of any other outcome lasts only as long as its log segment.
+    """
+
+    def __init__(self, msg_id: str, why: str) -> None:
+        self.msg_id = msg_id
+        super().__init__(f"the body of {msg_id} is no longer kept: {why}")
+
+
 class InvalidMessage(SpoolError, ValueError):
     """The message cannot be accepted as given; nothing was written."""
 

@@ -65,6 +65,9 @@ TYPE_NAMES: Final = {
 LOCK_NAME: Final = "lock"
 LOG_DIR: Final = "log"
 BODY_DIR: Final = "bodies"
+# New body files are written here and moved to BODY_DIR by the checkpoint after their
+# envelope is durable, so recovery finds orphans by listing this small directory only.
+INCOMING_DIR: Final = "incoming"
 POSITIONS_NAME: Final = "positions"
 SETTINGS_NAME: Final = "settings"
 CORRUPT_DIR: Final = "corrupt"

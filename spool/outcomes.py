@@ -12,6 +12,12 @@ so after a crash every unacknowledged outcome is handed out again and no acknowl
 is. Segments behind the front are kept, as they must be: an agent that never reads its
 outcomes pins the log, which is why tracking is opt-in.
 
+The finish also carries the sender, the acceptance time and where the body is, and with
+tracking the body outlives the message until the bounce is sent: a body file is removed
+when its outcome is acknowledged (not when the message finishes), and the inline body of a
+message whose outcome names a failed recipient is copied to a file as it finishes
+(``Spool._finish_body``), so a bounce can always return the message.
+
 Not thread-safe: the spool calls it under its lock.
 """
 
@@ -30,12 +36,22 @@ from spool.records import Position
 
 @attrs.frozen
 class MessageOutcome:
-    """The final result of one message: every recipient's status and last reply."""
+    """The final result of one message: what a bounce (an RFC 3464 notice) needs.
+
+    ``recipients`` holds every recipient's final status, reply and time; ``sender`` (the
+    bounce's recipient; "" for the null sender) and ``accepted_at`` come from the envelope
+    (None only for messages finished by an older version); ``body`` says where the message
+    is: a file in ``bodies/``, or an inline BODY frame at ``body.at`` in the log.
+    ``Spool.outcome_body`` reads it while it exists (``BodyGone`` after).
+    """
 
     msg_id: str
     finished_at: float
     reason: str
     recipients: tuple[rec.Outcome, ...]
+    sender: str | None = None
+    accepted_at: float | None = None
+    body: rec.BodyRef | None = None
 
     @property
     def failed(self) -> tuple[rec.Outcome, ...]:
@@ -55,7 +71,7 @@ class OutcomeReader:
         self._cursor = LogCursor(
             fs, log_dir, front, skip_bodies=True, chunk_size=64 * 1024, live=True
         )
-        self._pending: dict[str, Position] = {}
+        self._pending: dict[str, tuple[Position, rec.BodyRef]] = {}
         self._acked_ahead: dict[str, Position | None] = dict.fromkeys(acked)
 
     def close(self) -> None:
@@ -78,22 +94,32 @@ class OutcomeReader:
                 # carry it while an earlier outcome holds the front back.
                 self._acked_ahead[record.msg_id] = pos
                 continue
-            self._pending[record.msg_id] = pos
-            return MessageOutcome(record.msg_id, record.at, record.reason, record.outcomes)
+            self._pending[record.msg_id] = (pos, record.body)
+            return MessageOutcome(
+                record.msg_id,
+                record.at,
+                record.reason,
+                record.outcomes,
+                record.sender,
+                record.accepted_at,
+                record.body,
+            )
         return None
 
     def waiting(self, msg_id: str) -> bool:
         """Whether the outcome of ``msg_id`` was handed out and awaits its acknowledgement."""
         return msg_id in self._pending
 
-    def ack(self, msg_id: str) -> None:
+    def ack(self, msg_id: str) -> rec.BodyRef:
         """Record an acknowledgement (the caller checked ``waiting`` and writes the control
-        record)."""
-        self._acked_ahead[msg_id] = self._pending.pop(msg_id)
+        record); returns where the message's body is, which is no longer needed."""
+        pos, body = self._pending.pop(msg_id)
+        self._acked_ahead[msg_id] = pos
+        return body
 
     def front(self) -> Position:
         """Finish records before this position have all been acknowledged."""
-        return min(self._pending.values(), default=self._cursor.position)
+        return min((pos for pos, _ in self._pending.values()), default=self._cursor.position)
 
     def acked_ahead(self) -> frozenset[str]:
         """Acked messages whose finish lies at or after ``front()`` (pruned here)."""

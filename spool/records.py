@@ -160,13 +160,19 @@ class Delta:
 
 @attrs.frozen
 class Finish:
-    """No work is left on the message; ``outcomes`` holds every recipient's result."""
+    """No work is left on the message; ``outcomes`` holds every recipient's result.
+
+    ``sender`` and ``accepted_at`` repeat the envelope's, so that a bounce (an RFC 3464
+    notice) is built from the finish alone; None in finish records of older versions.
+    """
 
     msg_id: str
     at: float
     body: BodyRef
     outcomes: tuple[Outcome, ...]
     reason: str = ""
+    sender: str | None = None
+    accepted_at: float | None = None
 
 
 @attrs.frozen
@@ -182,6 +188,11 @@ class Control:
     lost bytes superseded (a lost START of a message that finished later: nothing else
     says its envelope is used up), and ``copy`` names the copy of the damaged segment in
     ``corrupt/``.
+
+    ``hold``, ``release``, ``delete`` and ``bounce`` record an operator action on a message
+    in flight (``target``), with its reason in ``why``: the spool applies it when the
+    attempt ends, and recovery applies it when a crash ended the attempt first, so the
+    action is durable when the call returns (docs/design.md, "Operator actions").
     """
 
     action: str
@@ -191,11 +202,19 @@ class Control:
     copy: str = ""
     lost: str = ""
     sup: tuple[Position, ...] = ()
+    why: str = ""
 
 
 OUTCOME_ACK: Final = "outcome-ack"
 DAMAGED: Final = "damaged"
-CONTROL_ACTIONS: Final = frozenset({OUTCOME_ACK, DAMAGED})
+IN_FLIGHT_HOLD: Final = "hold"
+IN_FLIGHT_RELEASE: Final = "release"
+IN_FLIGHT_DELETE: Final = "delete"  # the rest of its recipients end "deleted" (no bounce)
+IN_FLIGHT_BOUNCE: Final = "bounce"  # the rest of its recipients end "failed" (a bounce)
+IN_FLIGHT_ACTIONS: Final = frozenset(
+    {IN_FLIGHT_HOLD, IN_FLIGHT_RELEASE, IN_FLIGHT_DELETE, IN_FLIGHT_BOUNCE}
+)
+CONTROL_ACTIONS: Final = frozenset({OUTCOME_ACK, DAMAGED}) | IN_FLIGHT_ACTIONS
 
 Record = Envelope | Start | Delta | Finish | Control
 
@@ -257,6 +276,10 @@ def encode(record: Record) -> tuple[int, bytes]:
             "out": [o.to_obj() for o in record.outcomes],
             "why": record.reason,
         }
+        if record.sender is not None:
+            obj["from"] = record.sender
+        if record.accepted_at is not None:
+            obj["acc"] = record.accepted_at
         return fmt.T_FINISH, cbor2.dumps(obj)
     assert isinstance(record, Control), record
     return fmt.T_CONTROL, cbor2.dumps(control_map(record))
@@ -273,6 +296,8 @@ def control_map(record: Control) -> dict[str, Any]:
         obj["lost"] = record.lost
     if record.sup:
         obj["sup"] = [p.to_list() for p in record.sup]
+    if record.why:
+        obj["why"] = record.why
     return obj
 
 
@@ -359,6 +384,8 @@ def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
             body=BodyRef.from_obj(obj["body"]),
             outcomes=tuple(Outcome.from_obj(o) for o in obj["out"]),
             reason=_str(obj.get("why", "")),
+            sender=_str(obj["from"]) if "from" in obj else None,
+            accepted_at=_num(obj["acc"]) if "acc" in obj else None,
         )
     if ftype == fmt.T_CONTROL:
         action = _str(obj["act"])
@@ -372,6 +399,7 @@ def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
             copy=_str(obj.get("copy", "")),
             lost=_str(obj.get("lost", "")),
             sup=_positions(obj.get("sup", [])),
+            why=_str(obj.get("why", "")),
         )
     raise RecordError(f"frame type {ftype} carries no record")
 

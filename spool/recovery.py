@@ -123,6 +123,7 @@ class RecoveryReport:
     torn_at: Position | None
     segments: int
     seconds: float
+    orphan_bodies: int = 0  # body files in incoming/ that no envelope names: removed
 
 
 @attrs.define
@@ -132,6 +133,10 @@ class _Working:
     klass: int
     delivered: dict[str, tuple[str, str, float]] = attrs.field(factory=dict)
     settled: bool = False
+    # An operator action recorded while the attempt was in flight (control records):
+    # a hold reason, and the (status, reply) that ends the rest for a delete or bounce.
+    hold: str | None = None
+    ending: tuple[str, str] | None = None
 
 
 @attrs.define
@@ -149,6 +154,9 @@ class RecoveredState:
     to_write: list[rec.Record]
     working_at: list[Position]
     report: RecoveryReport
+    # Body files in incoming/ that a scanned envelope names: moved to bodies/ by the
+    # first checkpoint (bodies.py).
+    incoming_named: list[str] = attrs.Factory(list)
     # The positions file describes the log exactly as found (nothing past its consistent
     # end, nothing decided, nothing to remove): an open that appends nothing need not
     # write it again, so a command that changes nothing writes nothing.
@@ -193,9 +201,11 @@ def recover(
     segments = list_segments(fs, log_dir)
     if not segments:
         first = Position(1, fmt.SEGMENT_HEADER_SIZE)
-        report = RecoveryReport(False, None, 0, 0, 0, 0, 0, 0, 0, None, 0, 0.0)
+        # No log: no envelope names any file in incoming/ (a crash during the first accept).
+        _, orphans = _incoming_files(root, set(), [])
+        report = RecoveryReport(False, None, 0, 0, 0, 0, 0, 0, 0, None, 0, 0.0, len(orphans))
         return RecoveredState(
-            1, 1, [first] * n_classes, set(), {}, first, set(), [], [], [], report
+            1, 1, [first] * n_classes, set(), {}, first, set(), orphans, [], [], report
         )
     loaded = load_positions(fs, root)
     segments = unretired(segments, loaded)
@@ -212,6 +222,7 @@ def recover(
     body_refs: dict[int, int] = dict(positions.body_refs) if positions else {}
     acked: set[str] = set(positions.outcome_acked) if positions else set()
     dead_bodies: list[str] = []
+    named_files: set[str] = set()  # messages a scanned envelope gives a body file
     records = 0
     past_positions = 0  # frames at or after the positions' consistent end
     # A message's first envelope and its BODY frame are appended as one piece; the
@@ -243,13 +254,27 @@ def recover(
                 continue
             after = pos >= consistent
             _apply(record, pos, frame.size, after, working, superseded, body_refs)
+            if isinstance(record, rec.Envelope | rec.Finish) and record.body.kind == rec.BODY_FILE:
+                # (With outcome tracking a finish may name a copy made as it finished.)
+                named_files.add(record.msg_id)
             if isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
                 acked.add(record.target)
+                if after:
+                    # With outcome tracking a body file lives until its outcome is
+                    # acknowledged (outcomes.py); a crash may have kept it past that.
+                    dead_bodies.append(record.target)
             elif isinstance(record, rec.Control) and record.action == rec.DAMAGED:
                 damaged.append((pos, frame.size))
                 superseded.update(record.sup)  # envelopes the lost bytes had used up
                 _lost_start(fs, log_dir, record, pos, working)
-            elif isinstance(record, rec.Finish) and after and record.body.kind == rec.BODY_FILE:
+            elif isinstance(record, rec.Control) and record.action in rec.IN_FLIGHT_ACTIONS:
+                _operator_in_flight(record, working)
+            elif (
+                isinstance(record, rec.Finish)
+                and after
+                and record.body.kind == rec.BODY_FILE
+                and not options.outcomes
+            ):
                 dead_bodies.append(record.msg_id)
     finally:
         cursor.close()
@@ -257,7 +282,7 @@ def recover(
     if torn is not None and not dry_run:
         _cut_torn_tail(fs, root, log_dir, torn.at)
     if not dry_run:
-        _make_durable(fs, log_dir, [s for s in segments if s >= start.segment])
+        _make_durable(fs, root, [s for s in segments if s >= start.segment])
     # Pins of segments already deleted (a full scan replays finishes of messages whose
     # bodies went with them) mean nothing: keep only live segments with live bodies.
     body_refs = {seg: n for seg, n in body_refs.items() if seg >= segments[0] and n > 0}
@@ -265,6 +290,8 @@ def recover(
     low = min(cursors)
     superseded = {p for p in superseded if p >= low}
     to_write, held = _decide_all(fs, log_dir, working, damaged, segments[0], options, clock())
+    named, orphans = _incoming_files(root, named_files, damaged)
+    dead_bodies.extend(orphans)
     live = [w.start_at for w in working.values() if not w.settled]
     report = RecoveryReport(
         positions_used=positions is not None,
@@ -279,6 +306,7 @@ def recover(
         torn_at=torn.at if torn else None,
         segments=len(segments),
         seconds=time.monotonic() - started,
+        orphan_bodies=len(orphans),
     )
     outcome_front = positions.outcome_front if positions else Position(segments[0], 0)
     next_segment = segments[-1] + 1
@@ -298,17 +326,42 @@ def recover(
         to_write=to_write,
         working_at=live,
         report=report,
+        incoming_named=named,
         positions_current=(
             positions is not None
             and torn is None
             and past_positions == 0
             and consistent.segment == segments[-1]
-            and not (to_write or dead_bodies or damaged or live)
+            and not (to_write or dead_bodies or damaged or live or named)
         ),
     )
 
 
-def _make_durable(fs: FileSystem, log_dir: str, scanned: list[int]) -> None:
+def _incoming_files(
+    root: str, named_files: set[str], damaged: list[tuple[Position, int]]
+) -> tuple[list[str], list[str]]:
+    """The body files in incoming/ that a scanned envelope names, and the orphans.
+
+    Every envelope that can name a file in incoming/ lies in the scanned suffix: the scan
+    starts at or before the consistent end of the restart positions, and the checkpoint
+    that writes them first moves to bodies/ every file whose envelope lies before that end
+    (an envelope appended after the positions were taken lies after it). So a file no
+    scanned envelope names was left by a crash between the file and its envelope (or its
+    finish, for a copy kept for a bounce), and no mail refers to it. With damage set
+    aside in the suffix, the envelope may have been in it: such files are kept for
+    ``spool check`` to match.
+    """
+    incoming = os.path.join(root, fmt.INCOMING_DIR)
+    try:
+        names = sorted(os.listdir(incoming))
+    except FileNotFoundError:
+        return [], []
+    named = [n for n in names if n in named_files]
+    orphans = [] if damaged else [n for n in names if n not in named_files]
+    return named, orphans
+
+
+def _make_durable(fs: FileSystem, root: str, scanned: list[int]) -> None:
     """(R0) Make durable everything the scan read, before anything built on it is written.
 
     After a process crash (``kill -9``) the dead owner's last batches may still be only in
@@ -319,7 +372,17 @@ def _make_durable(fs: FileSystem, log_dir: str, scanned: list[int]) -> None:
     replacement no longer exists is mail lost. So every scanned segment is fdatasynced
     (a clean one costs little) and the log directory fsynced (the newest segment's entry
     may not be durable yet), restoring W3 before the writer creates a new segment.
+
+    The same holds for the body directories: the dead owner may have moved a file from
+    incoming/ to bodies/ (or unlinked one) without the directory fsyncs; positions written
+    past its envelope would let a power cut put the file back in incoming/, where the next
+    recovery, no longer scanning that envelope, would take it for an orphan. Both are
+    fsynced too.
     """
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    for sub in (fmt.INCOMING_DIR, fmt.BODY_DIR):
+        with contextlib.suppress(FileNotFoundError):  # a spool an earlier build made
+            fs.fsync_dir(os.path.join(root, sub))
     for seg in scanned:
         path = os.path.join(log_dir, fmt.segment_name(seg))
         try:
@@ -443,6 +506,26 @@ def _apply(
             body_refs[seg] = body_refs.get(seg, 0) - 1
 
 
+# What the rest of a message's recipients become after an operator ended it in flight.
+_ENDING_STATUS = {rec.IN_FLIGHT_DELETE: rec.DELETED, rec.IN_FLIGHT_BOUNCE: rec.FAILED}
+_ENDING_REASON = {rec.DELETED: "deleted by the operator", rec.FAILED: "bounced by the operator"}
+
+
+def _operator_in_flight(record: rec.Control, working: dict[str, _Working]) -> None:
+    """Note an operator action taken while the message's attempt was in flight; it is
+    applied when the attempt is decided (the spool writes the record only then, so an
+    attempt already settled ignores it)."""
+    w = working.get(record.target)
+    if w is None or w.settled:
+        return
+    if record.action == rec.IN_FLIGHT_HOLD:
+        w.hold = record.why
+    elif record.action == rec.IN_FLIGHT_RELEASE:
+        w.hold = None
+    else:
+        w.ending = (_ENDING_STATUS[record.action], record.why)
+
+
 def _decide_all(
     fs: FileSystem,
     log_dir: str,
@@ -455,7 +538,7 @@ def _decide_all(
     """Records that settle every message left in flight, in start-record order, and how
     many of them the crash-loop breaker held."""
     out: list[rec.Record] = []
-    held = 0
+    held_for_crash_loop = 0
     for msg_id, w in sorted(working.items(), key=lambda kv: kv[1].start_at):
         if w.settled:
             continue
@@ -482,6 +565,13 @@ def _decide_all(
             path = os.path.join(log_dir, fmt.segment_name(w.envelope_at.segment))
             raise CorruptSpool(path, w.envelope_at.offset, f"start of {msg_id} names no envelope")
         body = resolve_body(env, w.envelope_at, frame.size)
+        reason = "all recipients settled"
+        if w.ending is not None:
+            # The operator ended it in flight: the rest of its recipients end as asked (R4).
+            status, reply = w.ending
+            for r in env.recipients:
+                w.delivered.setdefault(r, (status, reply, now))
+            reason = _ENDING_REASON[status]
         outcomes = env.outcomes + tuple(
             rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items()
         )
@@ -489,9 +579,13 @@ def _decide_all(
         crashes = env.crashes + 1
         case = decide(False, False, bool(remaining), crashes >= options.crash_limit)
         if case.decision is Decision.FINISH:
-            out.append(rec.Finish(msg_id, now, body, outcomes, "all recipients settled"))
+            out.append(rec.Finish(msg_id, now, body, outcomes, reason, env.sender, env.accepted_at))
             continue
-        hold = case.decision is Decision.HOLD
+        # Held by the crash-loop breaker (R3), or by the operator during the attempt.
+        held: str | None = w.hold if w.hold is not None else env.held
+        if case.decision is Decision.HOLD:
+            held = f"crash loop: in flight at {crashes} crashes"
+        hold = case.decision is Decision.HOLD or w.hold is not None
         out.append(
             rec.Envelope(
                 msg_id=msg_id,
@@ -502,15 +596,15 @@ def _decide_all(
                 body=body,
                 attempts=env.attempts + 1,
                 klass=options.last_class if hold else options.class_for_attempts(env.attempts + 1),
-                held=f"crash loop: in flight at {crashes} crashes" if hold else env.held,
+                held=held,
                 crashes=crashes,
                 supersedes=w.envelope_at,
                 outcomes=outcomes,
                 last_reply=env.last_reply,
             )
         )
-        held += hold
-    return out, held
+        held_for_crash_loop += case.decision is Decision.HOLD
+    return out, held_for_crash_loop
 
 
 def _lost_start(

@@ -47,11 +47,12 @@ from spool import format as fmt
 from spool import records as rec
 from spool.addresses import check_mailbox, check_sender, mailbox_key, needs_smtputf8
 from spool.arguments import check_msg_id, check_seconds, check_text
-from spool.bodies import read_body, read_inline_body, write_body_file
+from spool.bodies import body_file_paths, read_body, read_inline_body, write_body_file
 from spool.clock import Clock, SpoolTime, SystemClock, as_clock
 from spool.errors import (
     AttemptExpired,
     BadSpoolDirectory,
+    BodyGone,
     CorruptSpool,
     DiskFull,
     InvalidMessage,
@@ -78,7 +79,13 @@ from spool.positions import RestartPositions, store_positions
 from spool.queue_view import QueueEntry, history, live_messages
 from spool.reader import list_segments, read_frame_at
 from spool.records import Position
-from spool.recovery import RecoveredState, RecoveryReport, recover, resolve_body
+from spool.recovery import (
+    ENVELOPE_LOST_REASON,
+    RecoveredState,
+    RecoveryReport,
+    recover,
+    resolve_body,
+)
 from spool.runners import NotDue, Runner
 from spool.writer import WAIT_MAX, LogWriter, Part
 
@@ -104,6 +111,15 @@ class OperatorAction(enum.Enum):
 ENDINGS: Final = {
     OperatorAction.DELETE: (rec.DELETED, DELETED_REPLY),
     OperatorAction.BOUNCE: (rec.FAILED, BOUNCED_REPLY),
+}
+
+
+# The control record that makes an action on a message in flight durable.
+IN_FLIGHT: Final = {
+    OperatorAction.HOLD: rec.IN_FLIGHT_HOLD,
+    OperatorAction.RELEASE: rec.IN_FLIGHT_RELEASE,
+    OperatorAction.DELETE: rec.IN_FLIGHT_DELETE,
+    OperatorAction.BOUNCE: rec.IN_FLIGHT_BOUNCE,
 }
 
 
@@ -333,6 +349,7 @@ class Spool:
         self._pid = os.getpid()
         self._log_dir = os.path.join(path, fmt.LOG_DIR)
         self._body_dir = os.path.join(path, fmt.BODY_DIR)
+        self._incoming_dir = os.path.join(path, fmt.INCOMING_DIR)
         named = given.get("archive_dir", RECORDED)
         if named is not RECORDED and named is not None:
             # An archive the caller names must work before anything is made or recorded.
@@ -437,7 +454,7 @@ class Spool:
             )
         if not os.access(path, os.W_OK | os.X_OK):
             raise BadSpoolDirectory(path, "not writable by this user (read-only file system?)")
-        for sub in (fmt.LOG_DIR, fmt.BODY_DIR):
+        for sub in (fmt.LOG_DIR, fmt.BODY_DIR, fmt.INCOMING_DIR):
             sub_path = os.path.join(path, sub)
             if not os.path.isdir(sub_path):
                 # A crash before the fsync below may lose the new directory; the next open
@@ -497,6 +514,9 @@ class Spool:
         self._deferred_turn = 0
         self._since_checkpoint = 0
         self._doomed_bodies: list[str] = list(state.bodies_to_remove)
+        # Body files in incoming/ named by an appended envelope, with the log end after it:
+        # moved to bodies/ by the first checkpoint whose positions cover that end.
+        self._staged: dict[str, Position] = dict.fromkeys(state.incoming_named, Position(0, 0))
         self._outcomes = OutcomeReader(
             self._fs, self._log_dir, state.outcome_front, state.outcome_acked
         )
@@ -542,7 +562,7 @@ class Spool:
                 if isinstance(r, rec.Envelope) and r.supersedes is not None:
                     self._superseded.add(r.supersedes)
                 if isinstance(r, rec.Finish):
-                    self._release_body(r.body, r.msg_id)
+                    self._release_finished_body(r)
                 # A crash before these are durable leaves the same start records unsettled:
                 # the next recovery decides them again (decision table, case R1/R2).
                 _, end = self._enqueue(r)
@@ -588,7 +608,7 @@ class Spool:
                 self._reserve_space(need + file_blocks(len(data)))  # before the file
             self._writer.check_usable()  # a failed writer would leave the file an orphan
             try:
-                write_body_file(self._fs, self._body_dir, msg_id, data)
+                write_body_file(self._fs, self._incoming_dir, msg_id, data)
             except OSError as exc:
                 raise self._body_write_failed(msg_id, exc) from exc
         with self._lock:
@@ -597,6 +617,8 @@ class Spool:
             start, end = self._append(parts, env.klass)
             if inline:
                 self._body_refs[start.segment] = self._body_refs.get(start.segment, 0) + 1
+            else:
+                self._staged[msg_id] = end
             self._counts["accepted"] += 1
         self._writer.wait_durable(end)  # the commit point of accept
         return msg_id
@@ -606,7 +628,7 @@ class Spool:
         (no envelope names it yet), so the refused accept changes nothing."""
         if exc.errno != errno.EEXIST:
             with contextlib.suppress(OSError):
-                self._fs.unlink(os.path.join(self._body_dir, msg_id))
+                self._fs.unlink(os.path.join(self._incoming_dir, msg_id))
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return DiskFull(
                 f"no space in {self._body_dir} for the body of a new message; new mail is "
@@ -837,14 +859,9 @@ class Spool:
                 state.deferred.update(dict.fromkeys(rcpts, UNREPORTED_REPLY))
                 state.unreported.clear()
                 self._counts["deferred"] += len(rcpts)
-            operator_marked = state.delete is not None or state.hold is not None
+            # Not waited for: recovery rebuilds the same outcome from the durable deltas
+            # and the operator's control records (an action taken in flight).
             self._settle(state, now, "all recipients settled")
-            end = self._writer.tail
-        if operator_marked:
-            # The operator's hold or delete was acknowledged while the message was in
-            # flight; its effect is durable once this returns (other closes do not wait:
-            # recovery rebuilds their outcome from the durable deltas).
-            self._writer.wait_durable(end)
 
     def _settle(self, state: _InFlight, now: float, reason: str) -> None:
         """Write the replacement envelope or the finish record; the attempt is over.
@@ -887,12 +904,16 @@ class Spool:
                 promoted_from=promoted_from,
             )
         else:
-            record = rec.Finish(env.msg_id, now, state.body, outcomes, reason)
-        self._enqueue(record)
-        if isinstance(record, rec.Finish):
-            self._release_body(state.body, env.msg_id)
-        elif promoted_from is not None:
+            body, promoted_from = self._finish_body(env.msg_id, state.body, outcomes)
+            record = rec.Finish(
+                env.msg_id, now, body, outcomes, reason, env.sender, env.accepted_at
+            )
+        _, end = self._enqueue(record)
+        if promoted_from is not None:
+            self._staged[env.msg_id] = end
             self._promoted(state.body, env.msg_id)
+        elif isinstance(record, rec.Finish):
+            self._release_finished_body(record)
         state.closed = True
         del self._in_flight[env.msg_id]
         self._cond.notify_all()
@@ -933,17 +954,60 @@ class Spool:
             # The copy would eat into the reserve deliveries need: keep the body inline
             # (its segment stays pinned longer; nothing is lost); a later rewrite retries.
             return body, None
-        data = read_inline_body(self._fs, self._log_dir, env.msg_id, body.at)
+        try:
+            data = read_inline_body(self._fs, self._log_dir, env.msg_id, body.at)
+        except CorruptSpool:
+            return body, None  # damaged: left where it is for `spool check` to find
         # Durable before the envelope naming it is appended (see bodies.py).
         try:
-            ref = write_body_file(self._fs, self._body_dir, env.msg_id, data, replace=True)
+            ref = write_body_file(self._fs, self._incoming_dir, env.msg_id, data, replace=True)
         except OSError:
             # No room (or an I/O error) for the copy: keep the body inline. Its segment
             # stays pinned for longer, nothing is lost; the next replacement tries again.
             with contextlib.suppress(OSError):
-                self._fs.unlink(os.path.join(self._body_dir, env.msg_id))
+                self._fs.unlink(os.path.join(self._incoming_dir, env.msg_id))
             return body, None
         return ref, body.at
+
+    def _finish_body(
+        self, msg_id: str, body: rec.BodyRef, outcomes: tuple[rec.Outcome, ...]
+    ) -> tuple[rec.BodyRef, Position | None]:
+        """The body a finish names, and where the inline body was if it was copied.
+
+        With outcome tracking, a message whose outcome names a failed recipient needs its
+        body for the bounce: an inline one is copied to a body file (kept until the outcome
+        is acknowledged; its segment is then free to go). Without room for the copy it stays
+        inline, and lasts as long as its segment. Lock held.
+        """
+        if (
+            not self.options.outcomes
+            or body.kind != rec.BODY_INLINE
+            or not any(o.status == rec.FAILED for o in outcomes)
+            or not self._room_for(file_blocks(body.size))
+        ):
+            return body, None
+        assert body.at is not None
+        try:
+            data = read_inline_body(self._fs, self._log_dir, msg_id, body.at)
+        except CorruptSpool:
+            # Lost to damage (a repair settles such a message by bouncing it): the finish
+            # names the body where it was, and ``outcome_body`` says it is gone.
+            return body, None
+        try:
+            # Durable before the finish naming it is appended (see bodies.py).
+            ref = write_body_file(self._fs, self._incoming_dir, msg_id, data, replace=True)
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._fs.unlink(os.path.join(self._incoming_dir, msg_id))
+            return body, None
+        return ref, body.at
+
+    def _release_finished_body(self, finish: rec.Finish) -> None:
+        """The message is finished: free its body, unless a bounce may still need it (a body
+        file with outcome tracking goes when the outcome is acknowledged). Lock held."""
+        if self.options.outcomes and finish.body.kind == rec.BODY_FILE:
+            return
+        self._release_body(finish.body, finish.msg_id)
 
     def _promoted(self, inline: rec.BodyRef, msg_id: str) -> None:
         """An envelope naming the promoted copy is queued: the inline body is free."""
@@ -969,12 +1033,13 @@ class Spool:
         old = resolve_body(env, pos, size)
         body, promoted_from = self._promote(env, old, env.klass, env.held, now)
         # Not waited for: if lost, the old envelope is still live and is re-appended again.
-        self._enqueue(
+        _, end = self._enqueue(
             attrs.evolve(
                 env, written_at=now, body=body, supersedes=pos, promoted_from=promoted_from
             )
         )
         if promoted_from is not None:
+            self._staged[env.msg_id] = end
             self._promoted(old, env.msg_id)
 
     def _encode(self, record: rec.Record) -> Part:
@@ -1059,13 +1124,18 @@ class Spool:
                 if (
                     self._positions_current
                     and self._writer.untouched
-                    and not (self._doomed_bodies or self._in_flight)
+                    and not (self._doomed_bodies or self._in_flight or self._staged)
                 ):
                     # Nothing happened since the positions on disk were written: they
                     # still describe the log; writing them again would change nothing.
                     return positions
                 self._positions_current = False
                 doomed, self._doomed_bodies = self._doomed_bodies, []
+                for msg_id in doomed:
+                    self._staged.pop(msg_id, None)
+                movable = [m for m, end in self._staged.items() if end <= positions.consistent]
+                for msg_id in movable:
+                    del self._staged[msg_id]
                 self._since_checkpoint = 0
             if self._writer.untouched:
                 # The positions will point into this open's first segment: create it.
@@ -1074,6 +1144,7 @@ class Spool:
             self._writer.sync()  # (P1): everything before positions.consistent is durable
             try:
                 self._remove_bodies(doomed)
+                self._settle_staged(movable)
                 store_positions(self._fs, self.path, positions)
                 self._counts["checkpoints"] += 1
                 self._collect_garbage(positions)
@@ -1082,6 +1153,7 @@ class Spool:
                 # renamed after a failed sync) and the next checkpoint tries again.
                 with self._lock:
                     self._doomed_bodies.extend(doomed)
+                    self._staged.update(dict.fromkeys(movable, Position(0, 0)))
                 raise SpoolFailed(
                     f"checkpoint of {self.path} failed: {exc.strerror or exc}", exc.errno
                 ) from exc
@@ -1120,14 +1192,34 @@ class Spool:
         )
 
     def _remove_bodies(self, msg_ids: list[str]) -> None:
-        """Unlink body files of finished messages; their finish records are durable now."""
+        """Unlink body files of finished messages (their finish records are durable now) and
+        orphans recovery found, from incoming/ or bodies/."""
         for msg_id in msg_ids:
-            # A crash before the directory fsync may bring a file back: an orphan that
-            # no live envelope names; recovery removes the bodies of finishes it scans.
-            with contextlib.suppress(FileNotFoundError):
-                self._fs.unlink(os.path.join(self._body_dir, msg_id))
+            for path in body_file_paths(self.path, msg_id):
+                # A crash before the directory fsync may bring a file back: recovery
+                # removes the bodies of the finishes (and acknowledgements) it scans, and
+                # every file in incoming/ that no scanned envelope names.
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.unlink(path)
         if msg_ids:
+            self._fs.fsync_dir(self._incoming_dir)
             self._fs.fsync_dir(self._body_dir)
+
+    def _settle_staged(self, names: list[str]) -> None:
+        """Move body files from incoming/ to bodies/: their envelopes are durable (the log
+        was synced up to past them) and the positions about to be written put them before
+        the working suffix, which recovery no longer scans for orphans."""
+        for msg_id in names:
+            # A crash before the fsyncs may undo the rename: the file is back in incoming/,
+            # and the positions that no longer scan its envelope are not written yet (they
+            # come after these fsyncs), so recovery still finds the envelope naming it.
+            with contextlib.suppress(FileNotFoundError):  # removed: its message finished
+                self._fs.rename(
+                    os.path.join(self._incoming_dir, msg_id), os.path.join(self._body_dir, msg_id)
+                )
+        if names:
+            self._fs.fsync_dir(self._body_dir)
+            self._fs.fsync_dir(self._incoming_dir)
 
     def _collect_garbage(self, positions: RestartPositions) -> None:
         """Delete (or archive) segments wholly behind the garbage front (P3)."""
@@ -1212,9 +1304,39 @@ class Spool:
             if not self._outcomes.waiting(msg_id):
                 raise UnknownMessage(msg_id, "the outcomes waiting for an acknowledgement")
             part = self._encode(rec.Control(rec.OUTCOME_ACK, msg_id, self._now()))
-            self._outcomes.ack(msg_id)
+            body = self._outcomes.ack(msg_id)
             _, end = self._append([part], None)
+            if body.kind == rec.BODY_FILE:
+                # Unlinked at the next checkpoint, after the acknowledgement is durable; a
+                # crash first leaves the file for recovery, which removes the bodies of
+                # acknowledgements it scans.
+                self._doomed_bodies.append(msg_id)
         self._writer.wait_durable(end)
+
+    def outcome_body(self, outcome: MessageOutcome) -> bytes:
+        """The message an outcome is about, as accepted, for the bounce to return.
+
+        Kept until the outcome is acknowledged when it is in a file, as it always is for an
+        outcome that names a failed recipient (unless the disk was too full to copy it);
+        ``BodyGone`` once it is no longer kept.
+        """
+        self._check_process()
+        self._check_outcomes()
+        if not isinstance(outcome, MessageOutcome):
+            raise SpoolMisuse(f"outcome must be a MessageOutcome, not {outcome!r}")
+        body = outcome.body
+        if body is None or outcome.reason == ENVELOPE_LOST_REASON:
+            raise BodyGone(outcome.msg_id, "it was lost with its envelope")
+        with self._lock:
+            self._check_open()
+            kept = self._outcomes.waiting(outcome.msg_id)
+        try:
+            return read_body(self._fs, self.path, outcome.msg_id, body)
+        except CorruptSpool as exc:
+            if kept and body.kind == rec.BODY_FILE:
+                raise  # it must be there: damage, not age
+            why = "its outcome was acknowledged" if not kept else "its log segment was removed"
+            raise BodyGone(outcome.msg_id, why) from exc
 
     def _check_outcomes(self) -> None:
         if not self.options.outcomes:
@@ -1264,8 +1386,8 @@ class Spool:
         ``deleted`` (no bounce: its outcome names no failed recipient), with ``reason``.
 
         A message in flight is finished when its attempt ends: recipients it reports
-        delivered or failed keep that outcome, the rest are deleted. Durable on return
-        (for a message in flight: when its attempt ends).
+        delivered or failed keep that outcome, the rest are deleted. Durable on return,
+        in flight too (a control record; recovery applies it if a crash ends the attempt).
         """
         self._operator_action(msg_id, OperatorAction.DELETE, check_text(reason, "delete reason"))
 
@@ -1335,16 +1457,15 @@ class Spool:
                         continue
                     try:
                         if state is not None:
-                            # Applied when its attempt ends (``_close_attempt``).
-                            result.add(msg_id, self._mark_in_flight(state, action, reason))
-                            continue
-                        if entry is None:
+                            written = self._mark_in_flight(state, action, reason)
+                        elif entry is None:
                             result.unknown.append(msg_id)
                             continue
-                        if not self._still_live(entry):
+                        elif not self._still_live(entry):
                             todo.append(msg_id)  # a runner took it meanwhile: look again
                             continue
-                        written = self._supersede(entry, action, reason)
+                        else:
+                            written = self._supersede(entry, action, reason)
                     except SpoolMisuse as exc:
                         if msg_ids is None:
                             result.unchanged.append(msg_id)  # not named: it does not apply
@@ -1380,19 +1501,31 @@ class Spool:
         runner = self._runners[min(entry.klass, self.options.last_class)]
         return runner.cursor <= entry.envelope_at
 
-    def _mark_in_flight(self, state: _InFlight, action: OperatorAction, reason: str | None) -> int:
+    def _mark_in_flight(
+        self, state: _InFlight, action: OperatorAction, reason: str | None
+    ) -> Position | None:
+        """Record an action on a message in flight; return the end to wait for (None: nothing
+        to do). The attempt's end applies it (``_settle``); until then a control record
+        makes it durable, and recovery applies it if a crash ends the attempt first. Lock
+        held."""
+        if action is OperatorAction.RETRY:
+            return None  # it is being attempted right now
+        if action is OperatorAction.RELEASE and state.hold is None:
+            raise SpoolMisuse(f"{state.envelope.msg_id} is not held")
+        part = self._encode(
+            rec.Control(IN_FLIGHT[action], state.envelope.msg_id, self._now(), why=reason or "")
+        )
+        # A crash before this record is durable loses the action with the call that
+        # asked for it (it had not returned); the attempt's own records settle as usual.
+        _, end = self._append([part], None)
         if action is OperatorAction.HOLD:
             state.hold = reason
         elif action in ENDINGS:
             assert reason is not None
             state.delete = (ENDINGS[action][0], reason)
-        elif action is OperatorAction.RELEASE and state.hold is not None:
-            state.hold = None
-        elif action is OperatorAction.RELEASE:
-            raise SpoolMisuse(f"{state.envelope.msg_id} is not held")
         else:
-            return 0  # retry: it is being attempted right now
-        return 1
+            state.hold = None
+        return end
 
     def _supersede(
         self, entry: QueueEntry, action: OperatorAction, reason: str | None
@@ -1449,6 +1582,7 @@ class Spool:
         self._superseded.add(pos)
         _, end = self._append([part], new.klass)
         if promoted is not None:
+            self._staged[env.msg_id] = end
             self._promoted(old, env.msg_id)
         self._cond.notify_all()
         return end
@@ -1469,7 +1603,7 @@ class Spool:
         self._check_process()
         reason = check_text(reason, "hold reason")
         # (B1) The body file is durable before the envelope naming it is appended.
-        body = write_body_file(self._fs, self._body_dir, env.msg_id, data, replace=True)
+        body = write_body_file(self._fs, self._incoming_dir, env.msg_id, data, replace=True)
         with self._lock:
             self._check_open()
             new = attrs.evolve(
@@ -1486,6 +1620,7 @@ class Spool:
             if new.supersedes is not None:
                 self._superseded.add(new.supersedes)  # ahead of its runner, maybe
             _, end = self._append([part], new.klass)
+            self._staged[env.msg_id] = end
         self._writer.wait_durable(end)
 
     # --- introspection and lifecycle ---------------------------------------------------

@@ -268,8 +268,10 @@ def check_and_drain(spool_dir: str, model: Model, cycle: int) -> None:
     if not report.clean:
         model.violations.append(f"{where}: spool check: {report.problems}")
     # Body files of accepts a kill cut between the file and the envelope: not mail (never
-    # acknowledged), left for ``spool check --repair`` (docs/design.md, "Bodies").
+    # acknowledged); recovery removes them itself (docs/design.md, "Bodies").
     model.figures["orphan_body_files"] = len(report.orphan_bodies)
+    if report.orphan_bodies:
+        model.violations.append(f"{where}: orphan body files left: {report.orphan_bodies[:3]}")
 
 
 def run_torture(tmp_path: Path, kills: int, seed: int) -> Model:

@@ -11,7 +11,8 @@ compares the observation with what the workload had been told before the crash:
 - an acknowledged delivered/failed recipient is never pending again;
 - no recipient is lost (a recipient missing from a present message was being settled);
 - no message appears that was never accepted, and none is live twice;
-- ``spool.check`` finds no problem, and a second open sees the same queue;
+- ``spool.check`` finds no problem and no orphan body file (recovery removes those), and a
+  second open sees the same queue;
 - with outcomes tracked: no acknowledged outcome is handed out again, and every message
   that finished has its outcome handed out unless its acknowledgement had begun.
 
@@ -53,6 +54,7 @@ class Observation:
     problems: tuple[str, ...]
     handed_out: list[tuple[str, tuple[str, ...]]] | None
     outcomes: list[str] | None = None  # handed out after the reopen (outcomes tracked)
+    orphans: tuple[str, ...] = ()  # body files no message names, after recovery and a close
 
 
 def _queue(sp: Spool) -> LiveQueue:
@@ -87,6 +89,7 @@ def observe(root: str, *, second_open: bool = True) -> Observation:
             queue = _queue(sp)
         report = check_spool(root)
         problems = tuple(f"{p.path}:{p.offset}: {p.what}" for p in report.problems)
+        orphans = report.orphan_bodies
         log_live = live_envelopes(root)
         reopened, handed_out, outcomes = queue, None, None
         if second_open:
@@ -103,7 +106,7 @@ def observe(root: str, *, second_open: bool = True) -> Observation:
                 outcomes = _all_outcomes(sp) if sp.options.outcomes else None
     except Exception as exc:  # every failure is an observation; judge() says which are bad
         return Observation(f"{type(exc).__name__}: {exc}", {}, {}, {}, (), None)
-    return Observation(None, queue, reopened, log_live, problems, handed_out, outcomes)
+    return Observation(None, queue, reopened, log_live, problems, handed_out, outcomes, orphans)
 
 
 def _claim_all(sp: Spool) -> list[tuple[str, tuple[str, ...]]]:
@@ -130,14 +133,22 @@ def _all_outcomes(sp: Spool) -> list[str]:
 
 
 def judge(
-    obs: Observation, ledger: Ledger, prefix: int, exempt: frozenset[str] = frozenset()
+    obs: Observation,
+    ledger: Ledger,
+    prefix: int,
+    exempt: frozenset[str] = frozenset(),
+    repaired: bool = False,
 ) -> list[str]:
     """Every way ``obs`` breaks the contract for a crash after ``prefix`` trace ops.
 
-    Messages in ``exempt`` (named by a repair) are left to ``judge_repaired``."""
+    Messages in ``exempt`` (named by a repair) are left to ``judge_repaired``. Recovery
+    removes orphan body files itself, unless damage a repair set aside may have held the
+    envelope naming one (``repaired``)."""
     if obs.error is not None:
         return [f"recovery failed: {obs.error}"]
     bad: list[str] = [f"spool check: {p}" for p in obs.problems]
+    if obs.orphans and not repaired:
+        bad.append(f"orphan body files left after recovery and a close: {list(obs.orphans)}")
     accepted = ledger.accepted(prefix)
     issued = ledger.issued(prefix)
     acked = ledger.settled_acked(prefix)
@@ -272,7 +283,7 @@ def judge_repaired(
     assert obs.observed is not None
     seen = obs.observed
     exempt = obs.named | {owner for kind, owner in damaged if kind == "control"}
-    bad += judge(seen, ledger, prefix, exempt=frozenset(exempt))
+    bad += judge(seen, ledger, prefix, exempt=frozenset(exempt), repaired=True)
     acked = ledger.settled_acked(prefix)
     for msg, rcpts in seen.handed_out or []:
         if msg in obs.named and any((msg, r) in acked for r in rcpts):

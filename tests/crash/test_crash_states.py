@@ -83,6 +83,7 @@ def _progress(worker: int, next_seed: int, r: ExploreReport) -> None:
         "with_flipped_durable_bits": r.damaged_states,
         "repaired": r.repaired_states,
         "violations": len(r.violations),
+        "violation_details": [str(v)[:2000] for v in r.violations[:3]],
         "next_seed": next_seed,
     }
     path = os.path.join(report_dir, f"crash_states.worker{worker}.json")

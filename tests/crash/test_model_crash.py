@@ -82,9 +82,16 @@ class SpoolSurvivesPowerCuts(SpoolMatchesModel):
         self.crashes += 1
         live = {e.msg_id: e for e in self.sp.list()}
         for msg_id, model in self.model.items():
+            if model.in_flight and model.delete_on_close:
+                # An operator's delete of a message in flight was durable when it returned
+                # (a control record): recovery ends the rest of its recipients.
+                model.failed |= model.pending
+                model.pending.clear()
+            held_in_flight = model.in_flight and model.hold_on_close
             model.in_flight = model.hold_on_close = model.delete_on_close = False
             entry = live.get(msg_id)
             if entry is not None:
+                assert entry.held is not None or not held_in_flight, "a hold in flight was lost"
                 model.due = entry.next_attempt_at
                 model.held = entry.held is not None
                 model.attempts = entry.attempts

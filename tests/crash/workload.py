@@ -254,7 +254,6 @@ class _Workload:
         self.outcomes = outcomes
         self.sp = Spool.open(self.root, fs=self.fs, clock=self.clock, outcomes=outcomes, **OPTIONS)
         self.open: list[tuple[Attempt, set[str]]] = []  # with the recipients reported
-        self.deleting: dict[str, tuple[int, tuple[str, ...]]] = {}  # in flight: begin, rcpts
         self.n_msg = 0
 
     def call(
@@ -317,15 +316,6 @@ class _Workload:
 
     def close(self, attempt: Attempt) -> None:
         attempt.close()
-        self._deletes_applied([attempt.msg_id])
-
-    def _deletes_applied(self, msg_ids: list[str]) -> None:
-        """An operator delete of a message in flight takes effect (durably) when its attempt
-        closes: that is when the ledger counts its recipients settled."""
-        for msg_id in msg_ids:
-            if msg_id in self.deleting:
-                begin, rcpts = self.deleting.pop(msg_id)
-                self.ledger.calls.append(Call("settle", msg_id, rcpts, begin, len(self.trace)))
 
     def do_checkpoint(self) -> None:
         self.sp.checkpoint()
@@ -358,16 +348,11 @@ class _Workload:
 
     def _end(self, action: Any) -> None:
         """An operator delete or bounce: the pending recipients are settled (deleted or
-        failed) when it returns, or when the attempt in flight ends."""
+        failed) when it returns, in flight too (a control record recovery applies)."""
         entry = self._entry()
         if entry is None:
             return
-        in_flight = any(a.msg_id == entry.msg_id for a, _ in self.open)
-        if in_flight:
-            self.deleting[entry.msg_id] = (len(self.trace), entry.recipients)
-            action(entry.msg_id)
-        else:
-            self.call("settle", entry.msg_id, entry.recipients, action, entry.msg_id)
+        self.call("settle", entry.msg_id, entry.recipients, action, entry.msg_id)
 
     def do_bad_operator(self) -> None:
         """Operator calls with bad arguments: a typed error, and not one operation traced."""
@@ -402,9 +387,8 @@ class _Workload:
         self.sp = Spool.open(self.root, fs=self.fs, clock=self.clock, **TUNING, **options)
 
     def shut(self) -> None:
-        """Close the spool: open attempts are closed (deferred), pending deletes applied."""
+        """Close the spool: open attempts are closed (deferred)."""
         self.sp.close()
-        self._deletes_applied([a.msg_id for a, _ in self.open])
         self.open.clear()
 
 

@@ -63,9 +63,14 @@ def test_large_bodies_go_to_their_own_file_and_read_back(spool_dir: str) -> None
     big = os.urandom(300_000)
     with Spool.open(spool_dir, inline_body_max=100_000) as sp:
         msg_id = sp.accept("", ["bob@example.net"], big)
-        assert os.path.exists(os.path.join(spool_dir, fmt.BODY_DIR, msg_id))
+        # In incoming/ until a checkpoint covers its envelope, then in bodies/ (bodies.py).
+        assert os.listdir(os.path.join(spool_dir, fmt.INCOMING_DIR)) == [msg_id]
         attempt = sp.claim()
         assert attempt is not None and attempt.read_data() == big
+        sp.checkpoint()
+        assert os.listdir(os.path.join(spool_dir, fmt.INCOMING_DIR)) == []
+        assert os.path.exists(os.path.join(spool_dir, fmt.BODY_DIR, msg_id))
+        assert attempt.read_data() == big
         attempt.close()
 
 

@@ -124,14 +124,31 @@ def test_segments_are_deleted_as_messages_finish(spool_dir: str) -> None:
 def test_body_files_are_removed_once_their_message_finishes(spool_dir: str) -> None:
     with Spool.open(spool_dir, inline_body_max=1000) as sp:
         msg_id = sp.accept("a@example.org", ["b@example.net"], b"y" * 5000)
-        body = Path(spool_dir, fmt.BODY_DIR, msg_id)
-        assert body.exists()
+        staged, body = (
+            Path(spool_dir, fmt.INCOMING_DIR, msg_id),
+            Path(spool_dir, fmt.BODY_DIR, msg_id),
+        )
+        assert staged.exists()
+        sp.checkpoint()  # its envelope is durable: the file moves to bodies/
+        assert body.exists() and not staged.exists()
         attempt = sp.claim()
         assert attempt is not None
         attempt.delivered(["b@example.net"], "250 ok")
         attempt.close()
         sp.checkpoint()
         assert not body.exists()
+
+
+def test_a_body_file_that_finishes_before_a_checkpoint_never_moves(spool_dir: str) -> None:
+    with Spool.open(spool_dir, inline_body_max=1000) as sp:
+        sp.accept("a@example.org", ["b@example.net"], b"y" * 5000)
+        attempt = sp.claim()
+        assert attempt is not None
+        attempt.delivered(["b@example.net"], "250 ok")
+        attempt.close()
+        sp.checkpoint()
+    assert os.listdir(Path(spool_dir, fmt.INCOMING_DIR)) == []
+    assert os.listdir(Path(spool_dir, fmt.BODY_DIR)) == []
 
 
 def test_archive_dir_receives_retired_segments(tmp_path: Path) -> None:

@@ -1,0 +1,255 @@
+"""Outcomes carry what a bounce needs, and an operator's action in flight is durable.
+
+An agent builds an RFC 3464 notice from the outcome alone: the sender, the acceptance time,
+each recipient's final reply, and the message itself (kept, with outcome tracking, until
+the outcome is acknowledged). Real spools in temporary directories; crashes are child
+processes that end with ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from spool import BodyGone, Spool
+from spool import format as fmt
+from spool import records as rec
+from spool.check import check_spool
+from spool.testing import FakeClock
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = b"Subject: small\r\n\r\n" + b"s" * 60
+LARGE = b"Subject: large\r\n\r\n" + b"L" * 3000
+
+
+def run_child(script: str) -> None:
+    """Run ``script`` in a child interpreter that ends with ``os._exit`` (a crash)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def open_tracked(root: Path, clock: FakeClock, **options: object) -> Spool:
+    return Spool.open(str(root), clock=clock, outcomes=True, inline_body_max=1000, **options)
+
+
+def bounce_one(sp: Spool, data: bytes) -> str:
+    """Accept ``data`` for two recipients; deliver one, fail the other."""
+    msg = sp.accept("alice@example.org", ["ok@example.net", "gone@example.net"], data)
+    attempt = sp.claim()
+    assert attempt is not None and attempt.msg_id == msg
+    with attempt:
+        attempt.delivered(["ok@example.net"], "250 2.0.0 queued as 1234")
+        attempt.failed(["gone@example.net"], "550 5.1.1 no such user")
+    return msg
+
+
+def body_files(root: Path) -> list[str]:
+    return sorted(os.listdir(root / fmt.BODY_DIR))
+
+
+@pytest.mark.parametrize("data", [SMALL, LARGE], ids=["inline", "file"])
+def test_an_outcome_carries_the_sender_the_acceptance_every_reply_and_the_body(
+    tmp_path: Path, data: bytes
+) -> None:
+    # Before: an outcome held the recipients' replies only; the sender, the acceptance
+    # time and the message had to be looked up, and were gone once it finished.
+    clock = FakeClock(1.8e9)
+    with open_tracked(tmp_path / "spool", clock) as sp:
+        accepted = clock.wall()
+        msg = bounce_one(sp, data)
+        clock.advance(5)
+        outcome = sp.next_outcome()
+        assert outcome is not None and outcome.msg_id == msg
+        assert outcome.sender == "alice@example.org"
+        assert outcome.accepted_at == accepted
+        replies = {o.recipient: (o.status, o.reply) for o in outcome.recipients}
+        assert replies == {
+            "ok@example.net": (rec.DELIVERED, "250 2.0.0 queued as 1234"),
+            "gone@example.net": (rec.FAILED, "550 5.1.1 no such user"),
+        }
+        # A bounce returns the message: a small one was copied out of the log to a file.
+        assert outcome.body is not None and outcome.body.kind == rec.BODY_FILE
+        assert sp.outcome_body(outcome) == data
+
+
+def test_a_bounced_body_outlives_its_segment_and_goes_with_the_acknowledgement(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "spool"
+    clock = FakeClock(1.8e9)
+    with open_tracked(root, clock, segment_size=4096, retry_intervals=[60]) as sp:
+        msg = sp.accept("alice@example.org", ["gone@example.net"], SMALL)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg
+        with attempt:
+            attempt.deferred(["gone@example.net"], "451 4.2.0 try later")
+        for i in range(80):  # fill and finish several segments after it
+            sp.accept("a@example.org", [f"r{i}@example.net"], SMALL)
+        while (attempt := sp.claim()) is not None:
+            with attempt:
+                attempt.delivered(attempt.envelope.recipients, "250 ok")
+        while (other := sp.next_outcome()) is not None:
+            sp.ack_outcome(other.msg_id)
+        clock.advance(61)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg
+        with attempt:  # it finishes far from the segment that holds its body
+            attempt.failed(["gone@example.net"], "550 5.1.1 no such user")
+        outcome = sp.next_outcome()
+        assert outcome is not None and outcome.msg_id == msg
+        clock.advance(61)
+        assert sp.claim() is None  # the runners pass the head
+        sp.checkpoint()
+        assert sp.statistics().segments_deleted > 0, "the message's segment must be gone"
+        assert body_files(root) == [msg]
+        report = check_spool(str(root))
+        assert report.clean and not report.orphan_bodies, "a body kept for a bounce is no orphan"
+        assert any("kept until their outcome is acknowledged" in n for n in report.notes)
+        assert sp.outcome_body(outcome) == SMALL
+        sp.ack_outcome(msg)
+        sp.checkpoint()
+        assert body_files(root) == []
+        with pytest.raises(BodyGone, match="acknowledged"):
+            sp.outcome_body(outcome)
+
+
+def test_a_delivered_message_keeps_its_body_inline_and_says_so(tmp_path: Path) -> None:
+    # Only an outcome that asks for a bounce costs a copy; the others name the inline body,
+    # readable while its segment lasts.
+    with open_tracked(tmp_path / "spool", FakeClock(1.8e9)) as sp:
+        sp.accept("a@example.org", ["ok@example.net"], SMALL)
+        attempt = sp.claim()
+        assert attempt is not None
+        with attempt:
+            attempt.delivered(["ok@example.net"], "250 ok")
+        outcome = sp.next_outcome()
+        assert outcome is not None and outcome.body is not None
+        assert outcome.body.kind == rec.BODY_INLINE and outcome.body.at is not None
+        assert sp.outcome_body(outcome) == SMALL
+    assert body_files(tmp_path / "spool") == []
+
+
+def test_without_outcome_tracking_a_finished_body_file_is_removed(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool.open(str(root), inline_body_max=1000) as sp:
+        bounce_one(sp, LARGE)
+        sp.checkpoint()
+    assert body_files(root) == []
+
+
+def test_recovery_removes_the_body_of_an_outcome_acknowledged_before_a_crash(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "spool"
+    run_child(
+        f"""
+        import os
+        from spool import Spool
+        sp = Spool.open({str(root)!r}, outcomes=True, inline_body_max=1000,
+                        checkpoint_interval=1e9)
+        msg = sp.accept("a@example.org", ["gone@example.net"], b"L" * 3000)
+        attempt = sp.claim()
+        attempt.failed(["gone@example.net"], "550 5.1.1 no such user")
+        attempt.close()
+        sp.checkpoint()
+        outcome = sp.next_outcome()
+        sp.ack_outcome(outcome.msg_id)   # durable; the file goes at the next checkpoint
+        os._exit(0)                      # crash first
+        """
+    )
+    assert len(body_files(root)) == 1
+    with Spool.open(str(root)) as sp:
+        assert sp.next_outcome(timeout=0) is None
+    assert body_files(root) == [], "the acknowledged outcome's body file was left behind"
+    assert check_spool(str(root)).clean
+
+
+def test_an_outcome_not_acknowledged_before_a_crash_keeps_its_body(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    run_child(
+        f"""
+        import os
+        from spool import Spool
+        sp = Spool.open({str(root)!r}, outcomes=True, inline_body_max=1000)
+        msg = sp.accept("a@example.org", ["gone@example.net"], b"s" * 60)
+        attempt = sp.claim()
+        attempt.failed(["gone@example.net"], "550 5.1.1 no such user")
+        attempt.close()
+        sp.sync()
+        os._exit(0)
+        """
+    )
+    with Spool.open(str(root)) as sp:
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is not None and outcome.sender == "a@example.org"
+        assert sp.outcome_body(outcome) == b"s" * 60
+        sp.ack_outcome(outcome.msg_id)
+    assert body_files(root) == []
+
+
+def test_an_outcome_body_needs_an_outcome(tmp_path: Path) -> None:
+    from spool import SpoolMisuse
+
+    with (
+        open_tracked(tmp_path / "spool", FakeClock(1.8e9)) as sp,
+        pytest.raises(SpoolMisuse, match="MessageOutcome"),
+    ):
+        sp.outcome_body("6B49D200601C512B")  # type: ignore[arg-type]
+
+
+# --- operator actions on a message in flight ---------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["delete", "bounce", "hold", "hold-release"])
+def test_an_operator_action_on_a_message_in_flight_survives_a_crash(
+    tmp_path: Path, action: str
+) -> None:
+    # Before: the action lived in memory until the attempt ended; a crash first brought
+    # the message back, due, as if the operator had done nothing.
+    root = tmp_path / "spool"
+    run_child(
+        f"""
+        import os
+        from spool import Spool
+        sp = Spool.open({str(root)!r}, outcomes=True)
+        msg = sp.accept("a@example.org", ["x@example.net", "y@example.net"], b"hi")
+        attempt = sp.claim()
+        attempt.delivered(["x@example.net"], "250 ok")
+        action = {action!r}
+        if action == "delete":
+            sp.delete(msg, "spam, removed")
+        elif action == "bounce":
+            sp.bounce(msg, "554 5.7.1 relaying to them stopped")
+        else:
+            sp.hold(msg, "quarantine")
+            if action == "hold-release":
+                sp.release(msg)
+        os._exit(0)                 # crash with the attempt still open
+        """
+    )
+    with Spool.open(str(root)) as sp:
+        queue = list(sp.list())
+        outcome = sp.next_outcome(timeout=0)
+    if action in ("delete", "bounce"):
+        assert queue == []
+        assert outcome is not None
+        statuses = {o.recipient: (o.status, o.reply) for o in outcome.recipients}
+        assert statuses["x@example.net"] == (rec.DELIVERED, "250 ok")
+        expected = (
+            (rec.DELETED, "spam, removed")
+            if action == "delete"
+            else (rec.FAILED, "554 5.7.1 relaying to them stopped")
+        )
+        assert statuses["y@example.net"] == expected
+        assert outcome.reason == f"{action}d by the operator"
+    else:
+        assert [e.recipients for e in queue] == [("y@example.net",)]
+        assert queue[0].held == ("quarantine" if action == "hold" else None)
+        assert outcome is None
