@@ -155,6 +155,7 @@ def test_every_crash_state_of_generated_workloads_keeps_the_contract(
         "segment archived",
         "body file written",
         "body file deleted",
+        "body file moved to bodies/",
         "recovery interrupted",
         "kill, recovery, power cut",
         *(f"workload {name}" for name, _menu, _outcomes in MENUS),

@@ -206,9 +206,11 @@ def trace_features(trace: Trace) -> set[str]:
             features.add("segment deleted")
         elif op.kind == "rename" and "archive" in name:
             features.add("segment archived")
-        elif op.kind == "create" and "/bodies/" in name:
+        elif op.kind == "create" and "/incoming/" in name:
             features.add("body file written")
-        elif op.kind == "unlink" and "/bodies/" in name:
+        elif op.kind == "rename" and "/bodies/" in name:
+            features.add("body file moved to bodies/")
+        elif op.kind == "unlink" and ("/bodies/" in name or "/incoming/" in name):
             features.add("body file deleted")
     return features
 
