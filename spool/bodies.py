@@ -73,27 +73,27 @@ def body_file_paths(root: str, msg_id: str) -> tuple[str, str]:
     return os.path.join(root, fmt.INCOMING_DIR, msg_id), os.path.join(root, fmt.BODY_DIR, msg_id)
 
 
-def open_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[int, str]:
-    """An open descriptor of ``msg_id``'s body file, wherever it is, and its path;
+def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, str]:
+    """The whole of ``msg_id``'s body file, unchecked, and its path, wherever it is;
     ``FileNotFoundError`` if it is in neither place."""
     staged, settled = body_file_paths(root, msg_id)
     try:
-        return fs.open(staged, os.O_RDONLY), staged
+        fd, path = fs.open(staged, os.O_RDONLY), staged
     except FileNotFoundError:
-        return fs.open(settled, os.O_RDONLY), settled  # moved there, or there all along
+        fd, path = fs.open(settled, os.O_RDONLY), settled  # moved there, or there all along
+    try:
+        return fs.pread(fd, fs.size(fd), 0), path
+    finally:
+        fs.close(fd)
 
 
 def read_body_file(fs: FileSystem, root: str, msg_id: str) -> bytes:
     """The data of ``msg_id``'s body file, checked against its header."""
     try:
-        fd, path = open_body_file(fs, root, msg_id)
+        raw, path = read_raw_body_file(fs, root, msg_id)
     except FileNotFoundError:
         path = body_file_paths(root, msg_id)[1]
         raise CorruptSpool(path, 0, "body file is missing") from None
-    try:
-        raw = fs.pread(fd, fs.size(fd), 0)
-    finally:
-        fs.close(fd)
     problem = check_body_file(raw)
     if problem is not None:
         raise CorruptSpool(path, 0, problem)

@@ -62,9 +62,9 @@ from spool import records as rec
 from spool.bodies import (
     body_file_paths,
     check_body_file,
-    open_body_file,
     read_body_file,
     read_inline_body,
+    read_raw_body_file,
 )
 from spool.damage import (
     RECORD_FRAME_MIN,
@@ -454,16 +454,12 @@ def _check_bodies(
         if state.body is None or state.body.kind != rec.BODY_FILE:
             continue
         try:
-            fd, path = open_body_file(fs, root, msg_id)
+            raw, path = read_raw_body_file(fs, root, msg_id)
         except FileNotFoundError:
             path = body_file_paths(root, msg_id)[1]
             problems.append(Problem(path, 0, "body file of a live message is missing"))
             bad.append(msg_id)
             continue
-        try:
-            raw = fs.pread(fd, fs.size(fd), 0)
-        finally:
-            fs.close(fd)
         why = check_body_file(raw)
         if why is not None:
             problems.append(Problem(path, 0, why))

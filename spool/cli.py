@@ -569,10 +569,16 @@ def disk_use(directory: str) -> dict[str, int]:
             return 0
 
     out = {"log": 0, "bodies": 0, "corrupt": 0, "other": 0}
-    for kind, sub in (("log", fmt.LOG_DIR), ("bodies", fmt.BODY_DIR), ("corrupt", fmt.CORRUPT_DIR)):
+    places = (
+        ("log", fmt.LOG_DIR),
+        ("bodies", fmt.INCOMING_DIR),  # body files written since the last checkpoint
+        ("bodies", fmt.BODY_DIR),
+        ("corrupt", fmt.CORRUPT_DIR),
+    )
+    for kind, sub in places:
         path = os.path.join(directory, sub)
         if os.path.isdir(path):
-            out[kind] = sum(size(os.path.join(path, n)) for n in os.listdir(path))
+            out[kind] += sum(size(os.path.join(path, n)) for n in os.listdir(path))
     for name in os.listdir(directory):
         out["other"] += size(os.path.join(directory, name))
     return out

@@ -910,8 +910,7 @@ class Spool:
             )
         _, end = self._enqueue(record)
         if promoted_from is not None:
-            self._staged[env.msg_id] = end
-            self._promoted(state.body, env.msg_id)
+            self._promoted(state.body, env.msg_id, end)
         elif isinstance(record, rec.Finish):
             self._release_finished_body(record)
         state.closed = True
@@ -954,18 +953,27 @@ class Spool:
             # The copy would eat into the reserve deliveries need: keep the body inline
             # (its segment stays pinned longer; nothing is lost); a later rewrite retries.
             return body, None
+        return self._copy_to_file(env.msg_id, body)
+
+    def _copy_to_file(self, msg_id: str, body: rec.BodyRef) -> tuple[rec.BodyRef, Position | None]:
+        """Copy an inline body to ``incoming/<msg_id>``: the file's reference and where the
+        inline body was, or the inline reference and None when it cannot be copied. Lock
+        held; the caller appends the record naming the copy, then calls ``_promoted``."""
+        assert body.at is not None
         try:
-            data = read_inline_body(self._fs, self._log_dir, env.msg_id, body.at)
+            data = read_inline_body(self._fs, self._log_dir, msg_id, body.at)
         except CorruptSpool:
-            return body, None  # damaged: left where it is for `spool check` to find
-        # Durable before the envelope naming it is appended (see bodies.py).
+            # Damaged: left where it is, for `spool check` to find (a repair bounces it).
+            return body, None
         try:
-            ref = write_body_file(self._fs, self._incoming_dir, env.msg_id, data, replace=True)
+            # Durable before the record naming it is appended (see bodies.py).
+            ref = write_body_file(self._fs, self._incoming_dir, msg_id, data, replace=True)
         except OSError:
             # No room (or an I/O error) for the copy: keep the body inline. Its segment
-            # stays pinned for longer, nothing is lost; the next replacement tries again.
+            # stays pinned for longer, nothing is lost; a later record tries again. The
+            # remains of the copy are removed (no record names them).
             with contextlib.suppress(OSError):
-                self._fs.unlink(os.path.join(self._incoming_dir, env.msg_id))
+                self._fs.unlink(os.path.join(self._incoming_dir, msg_id))
             return body, None
         return ref, body.at
 
@@ -986,21 +994,7 @@ class Spool:
             or not self._room_for(file_blocks(body.size))
         ):
             return body, None
-        assert body.at is not None
-        try:
-            data = read_inline_body(self._fs, self._log_dir, msg_id, body.at)
-        except CorruptSpool:
-            # Lost to damage (a repair settles such a message by bouncing it): the finish
-            # names the body where it was, and ``outcome_body`` says it is gone.
-            return body, None
-        try:
-            # Durable before the finish naming it is appended (see bodies.py).
-            ref = write_body_file(self._fs, self._incoming_dir, msg_id, data, replace=True)
-        except OSError:
-            with contextlib.suppress(OSError):
-                self._fs.unlink(os.path.join(self._incoming_dir, msg_id))
-            return body, None
-        return ref, body.at
+        return self._copy_to_file(msg_id, body)
 
     def _release_finished_body(self, finish: rec.Finish) -> None:
         """The message is finished: free its body, unless a bounce may still need it (a body
@@ -1009,8 +1003,10 @@ class Spool:
             return
         self._release_body(finish.body, finish.msg_id)
 
-    def _promoted(self, inline: rec.BodyRef, msg_id: str) -> None:
-        """An envelope naming the promoted copy is queued: the inline body is free."""
+    def _promoted(self, inline: rec.BodyRef, msg_id: str, end: Position) -> None:
+        """A record naming the copy is queued (it ends at ``end``): the inline body is free,
+        and the copy moves to bodies/ once a checkpoint covers the record."""
+        self._staged[msg_id] = end
         self._release_body(inline, msg_id)
         self._counts["bodies_promoted"] += 1
 
@@ -1039,8 +1035,7 @@ class Spool:
             )
         )
         if promoted_from is not None:
-            self._staged[env.msg_id] = end
-            self._promoted(old, env.msg_id)
+            self._promoted(old, env.msg_id, end)
 
     def _encode(self, record: rec.Record) -> Part:
         """``record`` encoded (frame type and payload), checked to fit one frame.
@@ -1194,6 +1189,7 @@ class Spool:
     def _remove_bodies(self, msg_ids: list[str]) -> None:
         """Unlink body files of finished messages (their finish records are durable now) and
         orphans recovery found, from incoming/ or bodies/."""
+        touched: set[str] = set()
         for msg_id in msg_ids:
             for path in body_file_paths(self.path, msg_id):
                 # A crash before the directory fsync may bring a file back: recovery
@@ -1201,9 +1197,9 @@ class Spool:
                 # every file in incoming/ that no scanned envelope names.
                 with contextlib.suppress(FileNotFoundError):
                     self._fs.unlink(path)
-        if msg_ids:
-            self._fs.fsync_dir(self._incoming_dir)
-            self._fs.fsync_dir(self._body_dir)
+                    touched.add(os.path.dirname(path))
+        for directory in sorted(touched):
+            self._fs.fsync_dir(directory)
 
     def _settle_staged(self, names: list[str]) -> None:
         """Move body files from incoming/ to bodies/: their envelopes are durable (the log
@@ -1582,8 +1578,7 @@ class Spool:
         self._superseded.add(pos)
         _, end = self._append([part], new.klass)
         if promoted is not None:
-            self._staged[env.msg_id] = end
-            self._promoted(old, env.msg_id)
+            self._promoted(old, env.msg_id, end)
         self._cond.notify_all()
         return end
 

@@ -9,30 +9,19 @@ processes that end with ``os._exit``.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from spool import BodyGone, Spool
+from spool import BodyGone, Spool, SpoolMisuse
 from spool import format as fmt
 from spool import records as rec
 from spool.check import check_spool
 from spool.testing import FakeClock
+from tests.contract.test_lost_or_wedged_mail import run_child
 
-ROOT = Path(__file__).resolve().parents[2]
 SMALL = b"Subject: small\r\n\r\n" + b"s" * 60
 LARGE = b"Subject: large\r\n\r\n" + b"L" * 3000
-
-
-def run_child(script: str) -> None:
-    """Run ``script`` in a child interpreter that ends with ``os._exit`` (a crash)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, cwd=ROOT
-    )
-    assert proc.returncode == 0, proc.stderr
 
 
 def open_tracked(root: Path, clock: FakeClock, **options: object) -> Spool:
@@ -195,8 +184,6 @@ def test_an_outcome_not_acknowledged_before_a_crash_keeps_its_body(tmp_path: Pat
 
 
 def test_an_outcome_body_needs_an_outcome(tmp_path: Path) -> None:
-    from spool import SpoolMisuse
-
     with (
         open_tracked(tmp_path / "spool", FakeClock(1.8e9)) as sp,
         pytest.raises(SpoolMisuse, match="MessageOutcome"),

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from spool import CorruptSpool, Spool
 from spool import format as fmt
 from spool.check import check_spool, only_certain
-from spool.cli import main
+from spool.cli import disk_use, main
 from spool.fs import FileSystem
 from spool.testing import tree_snapshot
 from tests.integration.children import LOAD_OPTIONS
@@ -386,3 +386,12 @@ def test_a_segment_missing_from_the_middle_is_certain_beside_a_running_owner(
     assert {Path(p.path).name for p in report.problems if p.what == "segment missing"} == {
         segments[2]
     }
+
+
+def test_disk_use_counts_body_files_not_yet_moved_out_of_incoming(spool_dir: str) -> None:
+    # A body file stays in incoming/ until a checkpoint covers its envelope: it is a body
+    # file all the same, and `stats` must count it.
+    with Spool.open(spool_dir, inline_body_max=100, checkpoint_interval=1e9) as sp:
+        sp.accept("a@example.org", ["b@example.net"], b"x" * 5000)
+        assert os.listdir(os.path.join(spool_dir, "incoming"))
+        assert disk_use(spool_dir)["bodies"] >= 5000
