@@ -293,7 +293,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     affected.extend(_envelopes_lost_with_files(present - live, regions, affected))
     named = {a.msg_id for a in affected if a.verdict is not Verdict.RECORDS_LOST}
     for_bounces = walk.awaiting_ack & present
-    if bad_settings or not _tracks_outcomes(fs, path):
+    if not _tracks_outcomes(fs, path, bad_settings, positions):
         for_bounces = set()
     orphans = sorted(present - live - named - for_bounces)
     if for_bounces:
@@ -497,9 +497,17 @@ def _report_unfinished_repairs(
             notes.append(f"{a.msg_id}: {a.verdict.value} at {a.region} ({a.detail or 'held'})")
 
 
-def _tracks_outcomes(fs: FileSystem, path: str) -> bool:
-    """Whether the spool's recorded settings track outcomes (bodies kept for bounces)."""
-    return bool(load_settings(fs, path).get("outcomes", False))
+def _tracks_outcomes(
+    fs: FileSystem, path: str, bad_settings: bool, positions: RestartPositions | None
+) -> bool:
+    """Whether the spool tracks outcomes (bodies kept for bounces): as its settings say;
+    with a damaged settings file, as the positions' copy of them says (the repair restores
+    that copy); without either, assume it does, so no kept body is taken for an orphan."""
+    if not bad_settings:
+        return bool(load_settings(fs, path).get("outcomes", False))
+    if positions is not None and positions.settings:
+        return bool(positions.settings.get("outcomes", False))
+    return True
 
 
 def _check_settings(fs: FileSystem, path: str, problems: list[Problem]) -> bool:

@@ -164,6 +164,9 @@ class Finish:
 
     ``sender`` and ``accepted_at`` repeat the envelope's, so that a bounce (an RFC 3464
     notice) is built from the finish alone; None in finish records of older versions.
+    ``promoted_from``: the inline body was copied to a body file as the message finished
+    (kept for its bounce, outcome tracking); where the inline BODY frame was, so that
+    recovery releases its segment as it does for a promoted envelope.
     """
 
     msg_id: str
@@ -173,6 +176,7 @@ class Finish:
     reason: str = ""
     sender: str | None = None
     accepted_at: float | None = None
+    promoted_from: Position | None = None
 
 
 @attrs.frozen
@@ -280,6 +284,8 @@ def encode(record: Record) -> tuple[int, bytes]:
             obj["from"] = record.sender
         if record.accepted_at is not None:
             obj["acc"] = record.accepted_at
+        if record.promoted_from is not None:
+            obj["prom"] = record.promoted_from.to_list()
         return fmt.T_FINISH, cbor2.dumps(obj)
     assert isinstance(record, Control), record
     return fmt.T_CONTROL, cbor2.dumps(control_map(record))
@@ -386,6 +392,7 @@ def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
             reason=_str(obj.get("why", "")),
             sender=_str(obj["from"]) if "from" in obj else None,
             accepted_at=_num(obj["acc"]) if "acc" in obj else None,
+            promoted_from=Position.from_obj(obj["prom"]) if "prom" in obj else None,
         )
     if ftype == fmt.T_CONTROL:
         action = _str(obj["act"])

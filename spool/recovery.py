@@ -500,10 +500,10 @@ def _apply(
         w = working.get(record.msg_id)
         if w is not None:
             w.settled = True
-        if after_consistent and record.body.kind == rec.BODY_INLINE:
-            assert record.body.at is not None
-            seg = record.body.at.segment
-            body_refs[seg] = body_refs.get(seg, 0) - 1
+        # The inline body is released: named by the finish, or copied from as it finished.
+        inline = record.body.at if record.body.kind == rec.BODY_INLINE else record.promoted_from
+        if after_consistent and inline is not None:
+            body_refs[inline.segment] = body_refs.get(inline.segment, 0) - 1
 
 
 # What the rest of a message's recipients become after an operator ended it in flight.

@@ -561,11 +561,21 @@ class Spool:
             for r in state.to_write:
                 if isinstance(r, rec.Envelope) and r.supersedes is not None:
                     self._superseded.add(r.supersedes)
+                copied_from = None
                 if isinstance(r, rec.Finish):
-                    self._release_finished_body(r)
+                    # As at the end of an attempt: a bounce's inline body is copied to a
+                    # file (an orphan in incoming/ if a crash comes before the finish).
+                    body, copied_from = self._finish_body(r.msg_id, r.body, r.outcomes)
+                    r = attrs.evolve(r, body=body, promoted_from=copied_from)
                 # A crash before these are durable leaves the same start records unsettled:
                 # the next recovery decides them again (decision table, case R1/R2).
                 _, end = self._enqueue(r)
+                if isinstance(r, rec.Finish) and copied_from is not None:
+                    self._promoted(
+                        rec.BodyRef(rec.BODY_INLINE, r.body.size, copied_from), r.msg_id, end
+                    )
+                elif isinstance(r, rec.Finish):
+                    self._release_finished_body(r)
         self._writer.wait_durable(end)
 
     # --- accepting ---------------------------------------------------------------------
@@ -906,7 +916,14 @@ class Spool:
         else:
             body, promoted_from = self._finish_body(env.msg_id, state.body, outcomes)
             record = rec.Finish(
-                env.msg_id, now, body, outcomes, reason, env.sender, env.accepted_at
+                env.msg_id,
+                now,
+                body,
+                outcomes,
+                reason,
+                env.sender,
+                env.accepted_at,
+                promoted_from,
             )
         _, end = self._enqueue(record)
         if promoted_from is not None:

@@ -16,7 +16,7 @@ import pytest
 from spool import BodyGone, Spool, SpoolMisuse
 from spool import format as fmt
 from spool import records as rec
-from spool.check import check_spool
+from spool.check import check_spool, repair_spool
 from spool.testing import FakeClock
 from tests.contract.test_lost_or_wedged_mail import run_child
 
@@ -240,3 +240,88 @@ def test_an_operator_action_on_a_message_in_flight_survives_a_crash(
         assert [e.recipients for e in queue] == [("y@example.net",)]
         assert queue[0].held == ("quarantine" if action == "hold" else None)
         assert outcome is None
+
+
+# --- found by an adversarial review of the above -----------------------------------------
+
+
+def traffic_through(sp: Spool, count: int, *, ack: bool) -> None:
+    """Deliver ``count`` small messages, a checkpoint after each (outcomes acked if asked)."""
+    for i in range(count):
+        sp.accept("a@example.org", [f"t{i}@example.net"], SMALL)
+        attempt = sp.claim()
+        assert attempt is not None
+        with attempt:
+            attempt.delivered(attempt.envelope.recipients, "250 ok")
+        while ack and (done := sp.next_outcome(timeout=0)) is not None:
+            sp.ack_outcome(done.msg_id)
+        sp.checkpoint()
+
+
+def test_a_bounce_copied_before_a_crash_does_not_pin_its_segment_for_ever(
+    tmp_path: Path,
+) -> None:
+    # Before: the live spool released the inline body's segment when it copied the body
+    # for the bounce, but recovery, replaying that finish, kept it pinned: the garbage
+    # front stopped there and the log grew without bound.
+    root = tmp_path / "spool"
+    run_child(
+        f"""
+        import os
+        from spool import Spool
+        sp = Spool.open({str(root)!r}, outcomes=True, inline_body_max=1000,
+                        segment_size=4096, checkpoint_interval=1e9)
+        sp.accept("a@example.org", ["gone@example.net"], {SMALL!r})
+        attempt = sp.claim()
+        attempt.failed(["gone@example.net"], "550 5.1.1 no such user")
+        attempt.close()            # the finish names the copy
+        sp.sync()
+        os._exit(0)                # no checkpoint since
+        """
+    )
+    with Spool.open(str(root), checkpoint_interval=1e9) as sp:
+        traffic_through(sp, 60, ack=True)
+        assert sp.statistics().segments_deleted > 0, "the bounced body's segment stays pinned"
+
+
+def test_a_bounce_finished_by_recovery_keeps_its_body_until_acknowledged(
+    tmp_path: Path,
+) -> None:
+    # Before: a finish written by recovery (the attempt's failed() was durable, its close
+    # never came) kept the body inline, and its segment went before the bounce was sent.
+    root = tmp_path / "spool"
+    run_child(
+        f"""
+        import os
+        from spool import Spool
+        sp = Spool.open({str(root)!r}, outcomes=True, inline_body_max=1000,
+                        segment_size=4096, checkpoint_interval=1e9)
+        sp.accept("a@example.org", ["gone@example.net"], {SMALL!r})
+        attempt = sp.claim()
+        attempt.failed(["gone@example.net"], "550 5.1.1 no such user")
+        os._exit(0)                # before the attempt closes
+        """
+    )
+    with Spool.open(str(root), checkpoint_interval=1e9) as sp:
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is not None and outcome.body is not None
+        assert outcome.body.kind == rec.BODY_FILE
+        traffic_through(sp, 60, ack=False)
+        assert sp.outcome_body(outcome) == SMALL
+
+
+def test_a_repair_of_the_settings_keeps_the_bodies_kept_for_bounces(tmp_path: Path) -> None:
+    # Before: with the settings file damaged, `check --repair` could not tell that outcomes
+    # were tracked, called the kept bodies orphans and moved them to corrupt/.
+    root = tmp_path / "spool"
+    with open_tracked(root, FakeClock(1.8e9)) as sp:
+        bounce_one(sp, LARGE)
+    settings = root / fmt.SETTINGS_NAME
+    raw = bytearray(settings.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    settings.write_bytes(bytes(raw))
+    report = repair_spool(str(root))
+    assert report.after.clean and not report.before.orphan_bodies
+    with Spool.open(str(root)) as sp:
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is not None and sp.outcome_body(outcome) == LARGE
