@@ -221,6 +221,11 @@ def recover(
     superseded: set[Position] = set(positions.superseded) if positions else set()
     body_refs: dict[int, int] = dict(positions.body_refs) if positions else {}
     acked: set[str] = set(positions.outcome_acked) if positions else set()
+    # Finishes after the positions were written with tracking on only if the positions say
+    # it was on (an open that turns it on writes positions before any finish of its own).
+    tracked = options.outcomes and (
+        positions is None or bool(positions.settings.get("outcomes", True))
+    )
     dead_bodies: list[str] = []
     named_files: set[str] = set()  # messages a scanned envelope gives a body file
     records = 0
@@ -254,7 +259,9 @@ def recover(
                 continue
             after = pos >= consistent
             _apply(record, pos, frame.size, after, working, superseded, body_refs)
-            if isinstance(record, rec.Envelope | rec.Finish) and record.body.kind == rec.BODY_FILE:
+            if (
+                isinstance(record, rec.Envelope) or (isinstance(record, rec.Finish) and tracked)
+            ) and record.body.kind == rec.BODY_FILE:
                 # (With outcome tracking a finish may name a copy made as it finished.)
                 named_files.add(record.msg_id)
             if isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
@@ -273,7 +280,7 @@ def recover(
                 isinstance(record, rec.Finish)
                 and after
                 and record.body.kind == rec.BODY_FILE
-                and not options.outcomes
+                and not tracked
             ):
                 dead_bodies.append(record.msg_id)
     finally:
@@ -308,12 +315,15 @@ def recover(
         seconds=time.monotonic() - started,
         orphan_bodies=len(orphans),
     )
-    outcome_front = positions.outcome_front if positions else Position(segments[0], 0)
     next_segment = segments[-1] + 1
     if torn is not None and not dry_run and torn.at.offset < fmt.SEGMENT_HEADER_SIZE:
         # The newest segment was removed (its header never became durable): its number
         # is free again, and reusing it keeps the segment numbers contiguous.
         next_segment = torn.at.segment
+    outcome_front = positions.outcome_front if positions else Position(segments[0], 0)
+    if options.outcomes and not tracked:
+        # Tracking is turned on at this open: it tracks the mail that finishes from now on.
+        outcome_front = Position(next_segment, 0)
     return RecoveredState(
         next_segment=next_segment,
         first_segment=segments[0],

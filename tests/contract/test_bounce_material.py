@@ -325,3 +325,37 @@ def test_a_repair_of_the_settings_keeps_the_bodies_kept_for_bounces(tmp_path: Pa
     with Spool.open(str(root)) as sp:
         outcome = sp.next_outcome(timeout=0)
         assert outcome is not None and sp.outcome_body(outcome) == LARGE
+
+
+@pytest.mark.parametrize("crash", ["before the positions", "none"])
+def test_turning_tracking_on_tracks_the_mail_that_finishes_from_then_on(
+    tmp_path: Path, crash: str
+) -> None:
+    # Before: mail that finished while tracking was off, in the part of the log a crash
+    # left after the positions, was handed out as an outcome once tracking was turned on;
+    # its body file was already gone, so outcome_body raised CorruptSpool.
+    root = tmp_path / "spool"
+    run_child(
+        f"""
+        import os
+        import spool.spool
+        from spool import Spool
+        sp = Spool.open({str(root)!r}, inline_body_max=1000, checkpoint_interval=1e9)
+        sp.accept("a@example.org", ["gone@example.net"], {LARGE!r})
+        attempt = sp.claim()
+        attempt.failed(["gone@example.net"], "550 5.1.1 no such user")
+        attempt.close()
+        if {crash!r} != "none":
+            # The crash: the checkpoint removed the finished body file, then died.
+            spool.spool.store_positions = lambda *args: os._exit(0)
+        sp.close()
+        os._exit(0)
+        """
+    )
+    with open_tracked(root, FakeClock(1.8e9)) as sp:
+        assert sp.next_outcome(timeout=0) is None, "an outcome of mail finished untracked"
+        msg = bounce_one(sp, LARGE)
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is not None and outcome.msg_id == msg
+        assert sp.outcome_body(outcome) == LARGE
+    assert check_spool(str(root)).clean
