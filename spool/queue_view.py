@@ -60,16 +60,20 @@ def walk(
     """Every record of the log in order, as (position, record or None, frame).
 
     Body and pad frames come back with record None (bodies only when ``skip_bodies`` is
-    False; otherwise they are stepped over). Stops quietly at a torn tail.
+    False; otherwise they are stepped over). Stops quietly at a torn tail; raises
+    ``CorruptSpool`` at damage.
     """
     log_dir = os.path.join(root, fmt.LOG_DIR)
-    segments = unretired(list_segments(fs, log_dir), load_positions(fs, root))
+    positions = load_positions(fs, root)
+    segments = unretired(list_segments(fs, log_dir), positions)
     if not segments:
         return
     cursor = LogCursor(
         fs,
         log_dir,
         Position(segments[0], 0),
+        # Bad bytes before the positions' end are damage, never a tail to stop at quietly.
+        durable_end=positions.consistent if positions else None,
         newest_segment=segments[-1],
         skip_bodies=skip_bodies,
     )

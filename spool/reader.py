@@ -22,6 +22,7 @@ Errors:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 import attrs
@@ -75,10 +76,14 @@ def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:
 
     ``data`` holds the segment from ``first`` (the sector boundary at or before
     ``offset``) to its end. Under the fault model a torn write leaves whole sectors
-    unwritten (zeros in a freshly appended file). Batches start at sector boundaries, so
-    damage is a tear unless a valid frame starts at a later sector boundary with no
-    all-zero sector between the damage and it (etcd's ``isTornEntry`` reasons the same
-    way). Frames are salted, so message data cannot pose as that later frame.
+    unwritten: zeros in a freshly appended file, or a file that ends before the write
+    did. So the bad frame is torn only if one of the sectors it covers is all zeros (from
+    the frame on) or the file ends inside it; a frame every sector of which is there was
+    damaged, not torn.
+    And batches start at sector boundaries, so it is damage too if a valid frame starts at
+    a later sector boundary with no all-zero sector between the damage and it (etcd's
+    ``isTornEntry`` reasons the same way). Frames are salted, so message data cannot pose
+    as that later frame.
     """
     sector = fmt.SECTOR
     zero = bytes(sector)
@@ -86,8 +91,53 @@ def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:
         if rel > offset - first and isinstance(parse_frame(data, rel, salt), Frame):
             return False
         if data[rel : rel + sector] == zero[: len(data) - rel]:
+            break
+    return _covers_a_gap(data, offset - first, salt)
+
+
+def _covers_a_gap(data: bytes, at: int, salt: int) -> bool:
+    """Whether the frame at ``at`` of ``data`` (which starts on a sector boundary) covers
+    an all-zero sector or runs past the end of ``data``: what a tear leaves. Its extent
+    is what its header says, once the sectors holding the header are known to be there
+    (a header that says more than a frame can hold, or a length with a valid frame
+    inside it, was damaged)."""
+    header_end = at + fmt.FRAME_HEADER_SIZE
+    if header_end > len(data) or _zero_sector_in(data, at, header_end):
+        return True
+    length = fmt.FRAME_HEADER.unpack_from(data, at)[1]
+    if length > fmt.FRAME_PAYLOAD_MAX:
+        return False
+    end = header_end + length
+    if first_valid_frame(data, at + 1, min(end, len(data)), salt) < min(end, len(data)):
+        return False  # a frame inside it: its length is the damage (data cannot pose, salts)
+    return end > len(data) or _zero_sector_in(data, at, end)
+
+
+# A header whose length field's top byte is 0 (no payload reaches 16 MiB) and whose type
+# byte is a frame type: the only offsets worth a CRC check when looking for a valid frame.
+_CANDIDATE = re.compile(rb"(?s)(?=.{7}\x00[\x01-\x06\x0f])")
+
+
+def first_valid_frame(data: bytes, lo: int, hi: int, salt: int) -> int:
+    """The first offset in ``[lo, hi)`` where a valid frame (with ``salt``) starts in
+    ``data``, or ``hi``."""
+    for match in _CANDIDATE.finditer(data, lo, hi + fmt.FRAME_HEADER_SIZE - 1):
+        if match.start() >= hi:
+            break
+        if isinstance(parse_frame(data, match.start(), salt), Frame):
+            return match.start()
+    return hi
+
+
+def _zero_sector_in(data: bytes, lo: int, hi: int) -> bool:
+    """Whether a sector of ``data`` that overlaps ``[lo, hi)`` is all zeros from ``lo`` on
+    (the first sector of a segment's first batch also holds the segment header, written
+    before it)."""
+    sector = fmt.SECTOR
+    for rel in range(lo - lo % sector, min(hi, len(data)), sector):
+        if not data[max(rel, lo) : rel + sector].strip(b"\0"):
             return True
-    return True
+    return False
 
 
 @attrs.frozen
@@ -203,7 +253,10 @@ class LogCursor:
             if torn:
                 self.torn = TornTail(at, file_size, reason)
                 raise _Stop
-            reason += "; valid frames follow it, so this is damage, not a torn write"
+            reason += (
+                "; valid frames follow it, or every sector of the frame is on disk, "
+                "so this is damage, not a torn write"
+            )
         raise CorruptSpool(self.path(at.segment), at.offset, reason)
 
     def _header_blank(self, file_size: int) -> bool:

@@ -181,6 +181,17 @@ def _scan_start(
     return positions, min(positions.working_start, positions.consistent)
 
 
+def _durable_end(loaded: RestartPositions | None, segments: list[int]) -> Position:
+    """Where the log is known durable up to: the positions' consistent end, even when the
+    positions do not fit the spool's settings any more (a crash after an open recorded
+    other retry classes, before its checkpoint): bad bytes before it are damage, never a
+    tail to cut."""
+    oldest = Position(segments[0], 0)
+    if loaded is None or loaded.consistent.segment > segments[-1]:
+        return oldest
+    return max(loaded.consistent, oldest)
+
+
 def recover(
     fs: FileSystem,
     root: str,
@@ -216,16 +227,16 @@ def recover(
             )
     positions, start = _scan_start(loaded, segments, n_classes)
     consistent = positions.consistent if positions else Position(segments[0], 0)
-    cursor = LogCursor(fs, log_dir, start, durable_end=consistent, newest_segment=segments[-1])
+    cursor = LogCursor(
+        fs, log_dir, start, durable_end=_durable_end(loaded, segments), newest_segment=segments[-1]
+    )
     working: dict[str, _Working] = {}
     superseded: set[Position] = set(positions.superseded) if positions else set()
     body_refs: dict[int, int] = dict(positions.body_refs) if positions else {}
     acked: set[str] = set(positions.outcome_acked) if positions else set()
     # Finishes after the positions were written with tracking on only if the positions say
     # it was on (an open that turns it on writes positions before any finish of its own).
-    tracked = options.outcomes and (
-        positions is None or bool(positions.settings.get("outcomes", True))
-    )
+    tracked = options.outcomes and (loaded is None or bool(loaded.settings.get("outcomes", True)))
     dead_bodies: list[str] = []
     named_files: set[str] = set()  # messages a scanned envelope gives a body file
     records = 0

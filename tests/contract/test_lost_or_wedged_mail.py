@@ -611,7 +611,9 @@ def test_reopening_without_space_for_recovery_is_a_typed_error_that_leaves_nothi
         sp.accept("a@example.org", ["b@example.net"], b"x" * 100)
     seg = root / fmt.LOG_DIR / fmt.segment_name(1)  # the only segment: the newest
     with open(seg, "ab") as f:
-        f.write(b"\x17" * 700)  # a torn batch, not all zeros: its bytes are copied first
+        # A torn batch, not all zeros (its bytes are copied first): its first sector was
+        # written, a frame promising more than that sector holds; the rest never was.
+        f.write(fmt.FRAME_HEADER.pack(0x12345678, 900, fmt.T_ENVELOPE) + b"\x17" * 503)
     full = FaultFS()
     full.fail("pwrite", err=errno.ENOSPC)
     for _ in range(2):

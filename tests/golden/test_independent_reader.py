@@ -137,15 +137,33 @@ def frame_at(data: bytes, offset: int, salt: int) -> tuple[int, int, bytes] | No
 
 
 def looks_torn(data: bytes, offset: int, salt: int) -> bool:
-    """Rule 4 of "Torn tail or corruption": zero sectors mean a tear, valid frames damage."""
+    """Rules 4 and 5 of "Torn tail or corruption": a valid frame at a later sector boundary
+    (before an all-zero sector) means damage; otherwise the bad frame must show a tear."""
     b = offset - offset % SECTOR
-    while b < len(data):
+    while b < len(data) and data[b : b + SECTOR].strip(b"\0"):
         if b > offset and frame_at(data, b, salt) is not None:
             return False
-        if not data[b : b + SECTOR].strip(b"\0"):
+        b += SECTOR
+    if offset + FRAME_HEADER_SIZE > len(data) or zero_sector(data, offset, 9):
+        return True
+    length = FRAME_HEADER.unpack_from(data, offset)[1]
+    if length > FRAME_PAYLOAD_MAX:
+        return False
+    end = offset + FRAME_HEADER_SIZE + length
+    inside = range(offset + 1, min(end, len(data)))
+    if any(frame_at(data, o, salt) is not None for o in inside):
+        return False
+    return end > len(data) or zero_sector(data, offset, end - offset)
+
+
+def zero_sector(data: bytes, offset: int, size: int) -> bool:
+    """Whether a sector overlapping ``size`` bytes at ``offset`` is all zero from ``offset``."""
+    b = offset - offset % SECTOR
+    while b < min(offset + size, len(data)):
+        if not data[max(b, offset) : b + SECTOR].strip(b"\0"):
             return True
         b += SECTOR
-    return True
+    return False
 
 
 def classify(at: Pos, why: str, data: bytes, salt: int, durable: Pos, newest: bool) -> None:
@@ -510,10 +528,12 @@ def test_a_torn_last_batch_is_found_where_recovery_cuts_it(
     files = segment_files(copy / "log")
     newest = files[max(files)]
     torn_at = newest.stat().st_size
-    # An interrupted batch: a frame header promising more than was written, then zeros.
-    partial = FRAME_HEADER.pack(0x12345678, 300, ENVELOPE) + b"\xa8partial"
+    # An interrupted batch: its first sector written (a frame header promising more than
+    # that sector holds, and the start of the payload), its second sector not (zeros).
+    partial = (FRAME_HEADER.pack(0x12345678, 900, ENVELOPE) + b"\xa8partial" * 63)[:SECTOR]
+    assert len(partial) == SECTOR
     with open(newest, "ab") as f:
-        f.write(partial + bytes(2 * SECTOR - len(partial)))
+        f.write(partial + bytes(SECTOR))
     durable = pos(read_positions(copy / "positions")["consistent"])
     log = read_log(files, durable)
     assert log.torn_at == (max(files), torn_at)

@@ -23,7 +23,7 @@ from spool import records as rec
 from spool.errors import CorruptSpool
 from spool.framing import Frame, encode_frame, padding_for
 from spool.fs import FileSystem
-from spool.options import SpoolOptions
+from spool.options import SpoolOptions, store_settings
 from spool.positions import load_positions, store_positions
 from spool.reader import LogCursor, SkippedBody, segment_salt
 from spool.records import Position
@@ -401,3 +401,49 @@ def test_a_spool_without_incoming_or_with_damage_keeps_its_body_files(
     assert _incoming_files(spool_dir, set(), damaged) == ([], [])
     assert _incoming_files(spool_dir, set(), []) == ([], ["6B49D20054D06D28"])
     assert recover_dry(spool_dir, clock).bodies_to_remove == ["6B49D20054D06D28"]
+
+
+@pytest.mark.parametrize("hit", ["payload", "length"])
+def test_damage_to_the_last_synced_batch_is_corruption_not_a_torn_tail(
+    spool_dir: str, clock: FakeClock, hit: str
+) -> None:
+    # Before: bad bytes in the newest segment past the positions were a torn tail unless a
+    # valid frame followed at a later sector boundary, so two flipped bits in the last
+    # batch (an accept that had returned) were cut, and the message was gone unreported.
+    # A tear leaves whole sectors unwritten; every sector of this frame is there.
+    accepted_spool(spool_dir, clock)
+    path = segment_path(spool_dir, newest_segment(spool_dir))
+    body = encode_frame(fmt.T_BODY, LONE_ID.encode() + b"hello", salt_of(path))
+    at = append_batch(path, frame_of(first_envelope(LONE_ID, clock), path) + body)
+    data = bytearray(Path(path).read_bytes())
+    # Two bits in the payload (beyond correcting), or one in the length field's third
+    # byte: the frame then seems to run 64 KiB past the end of the file, as a tear would.
+    for offset in (at + 20, at + 30) if hit == "payload" else (at + 6,):
+        data[offset] ^= 0x01
+    Path(path).write_bytes(bytes(data))
+    assert_corrupt_at(spool_dir, clock, path, at, "")
+
+
+@pytest.mark.parametrize("classes", ["same", "changed"])
+def test_damage_to_a_synced_body_frame_is_reported_whatever_the_retry_classes(
+    spool_dir: str, clock: FakeClock, classes: str
+) -> None:
+    # Before (found by the crash explorer, seed 51 of operator-and-restart): an open that
+    # recorded other retry classes crashed before its checkpoint, so the next recovery
+    # dropped the positions (their cursors no longer fit) and with them the durable end;
+    # two flipped bits in the synced BODY frame then looked like a torn tail, were cut,
+    # and the acknowledged message was gone with nothing reported.
+    (msg,) = accepted_spool(spool_dir, clock)
+    if classes == "changed":
+        store_settings(FS, spool_dir, SpoolOptions(retry_intervals=(60.0,)))
+    path = segment_path(spool_dir, newest_segment(spool_dir))
+    data = bytearray(Path(path).read_bytes())
+    at = data.rindex(msg.encode())  # the BODY frame (the envelope names the id first)
+    data[at + 5] ^= 0x08
+    data[at + 19] ^= 0x01
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(CorruptSpool), Spool.open(spool_dir, clock=clock) as sp:
+        sp.list()  # (walks the log; a reader that skips bodies cannot see the damage)
+        attempt = sp.claim()
+        assert attempt is not None
+        attempt.read_data()
