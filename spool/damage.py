@@ -55,16 +55,19 @@ from crc32c import crc32c
 from spool import format as fmt
 from spool import records as rec
 from spool.framing import Frame, encode_frame, pad_frame, parse_frame
-from spool.reader import check_segment_header, header_blank, looks_torn, segment_salt
+from spool.reader import (
+    check_segment_header,
+    first_valid_frame,
+    header_blank,
+    looks_torn,
+    segment_salt,
+)
 from spool.records import Position
 
 # The smallest frame any record can be (a START record: id, a position, a class and a
 # float time: 45 bytes of CBOR and a 9-byte header). A damaged region smaller than this
 # held only padding.
 RECORD_FRAME_MIN = 54
-# A header whose length field's top byte is 0 (no payload reaches 16 MiB) and whose type
-# byte is a frame type: the only offsets worth a CRC check when searching past damage.
-_CANDIDATE = re.compile(rb"(?s)(?=.{7}\x00[\x01-\x06\x0f])")
 
 
 class RegionKind(enum.Enum):
@@ -365,10 +368,7 @@ def _resync(data: bytes, pos: int, salt: int, vouched_end: int | None) -> int:
         if isinstance(parse_frame(data, vouched_end, salt), Frame):
             return vouched_end
         low = vouched_end
-    for match in _CANDIDATE.finditer(data, low):
-        if isinstance(parse_frame(data, match.start(), salt), Frame):
-            return match.start()
-    return len(data)
+    return first_valid_frame(data, low, len(data), salt)
 
 
 def _classify(
@@ -388,9 +388,10 @@ def _classify(
             return Region(number, start, end, RegionKind.BODY, why, msg_id, size)
         why = f"body of {msg_id} and the records after it damaged ({reason})"
         return Region(number, start, end, RegionKind.BODY_AND_RECORDS, why, msg_id, size)
-    corrected = _corrected(data[start:end], salt)
+    raw = data[start:end]
+    corrected = _corrected(raw, salt)
     padding = corrected is not None and corrected[8] == fmt.T_PAD
-    if padding or _was_padding(data[start:end]) or end - start < RECORD_FRAME_MIN:
+    if padding or _was_padding(raw) or _near_padding(raw, salt) or end - start < RECORD_FRAME_MIN:
         return Region(number, start, end, RegionKind.PADDING, f"padding damaged ({reason})")
     ids = legible_ids(data[start:end])
     known = _single_record(data[start:end])
@@ -499,6 +500,36 @@ def _was_padding(raw: bytes) -> bool:
     payload = raw[fmt.FRAME_HEADER_SIZE :]
     nonzero = len(payload) - payload.count(0)
     return ftype == fmt.T_PAD and length == len(payload) and nonzero <= 8
+
+
+# How far (in bits) damaged bytes may be from the PAD frame that would span them exactly,
+# and how far their stored CRC from that frame's, for them to be taken for that padding.
+PAD_BITS_MAX = 16
+PAD_CRC_BITS_MAX = 2
+
+
+def _near_padding(raw: bytes, salt: int) -> bool:
+    """Bad bytes that are a PAD frame spanning them exactly but for a few flipped bits,
+    the length field included (which ``_was_padding`` needs intact).
+
+    A PAD frame is fixed by its extent and the segment's salt, so the frame that would span
+    ``raw`` can be built and compared. Its stored CRC must be within two bits of that
+    frame's: the CRC is salted, so a record's (or any bytes' not written as this padding)
+    is that close with probability about 2^-23. And no record is within 16 bits of the
+    frame: a record's payload is a CBOR map of ASCII keys and a 16-digit message id,
+    dozens of set bits where the padding has zeros.
+    """
+    if len(raw) < fmt.FRAME_HEADER_SIZE:
+        return False
+    ideal = encode_frame(fmt.T_PAD, bytes(len(raw) - fmt.FRAME_HEADER_SIZE), salt)
+    crc_bits = _bits_apart(raw[:4], ideal[:4])
+    return (
+        crc_bits <= PAD_CRC_BITS_MAX and crc_bits + _bits_apart(raw[4:], ideal[4:]) <= PAD_BITS_MAX
+    )
+
+
+def _bits_apart(a: bytes, b: bytes) -> int:
+    return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).bit_count()
 
 
 def _set_aside_body(

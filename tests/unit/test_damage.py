@@ -277,3 +277,26 @@ def test_a_start_marker_that_names_no_envelope_starts_nothing(tmp_path: Path, na
     # (The check, for its part, holds every live message suspect: a start of unknown
     # message was lost. That is a repair's judgement, not recovery's.)
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize("which", ["first", "between", "last"])
+def test_a_pad_frame_whose_length_was_hit_is_padding_not_lost_records(
+    tmp_path: Path, which: str
+) -> None:
+    # Before: two flipped bits in a PAD frame, one in its length field, made the repair
+    # take it for records of unknown kind and name (hold) every message live there.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    pads = [
+        (p, f)
+        for p, _r, f in walk(FS, str(root), skip_bodies=False)
+        if f is not None and f.type == fmt.T_PAD and f.size >= 32
+    ]
+    pos, _pad = {"first": pads[0], "between": pads[1], "last": pads[-1]}[which]
+    flip(segment(root, pos.segment), pos.offset + 6, pos.offset + 14)
+    report = repair_spool(str(root))
+    assert report.fates == (), f"the repair named {report.fates}"
+    assert report.after.clean, report.after.problems
+    with Spool.open(root) as sp:
+        assert sorted(e.msg_id for e in sp.list()) == sorted(msgs)
