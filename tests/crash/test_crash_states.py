@@ -41,7 +41,7 @@ import pytest
 
 from tests.crash.explore import Explorer, ExploreReport, scratch_base
 from tests.crash.mutants import MUTANTS
-from tests.crash.workload import MENUS, run_named
+from tests.crash.workload import MENUS, SCRIPTS, run_named
 
 STATES = int(os.environ.get("SPOOL_CRASH_STATES", "20000"))
 KILL_EVERY = 6  # kill, recover and cut the power at about one trace prefix in six
@@ -56,7 +56,7 @@ def explore_seeds(first: int, stride: int, target: int, **options: int) -> Explo
     seed = first
     while True:
         r = explorer.report
-        every_menu = (seed - first) // stride >= len(MENUS)
+        every_menu = (seed - first) // stride >= len(MENUS) + len(SCRIPTS)
         if r.states + r.recovery_states >= target and every_menu:
             return r
         base = tempfile.mkdtemp(prefix="spool-workload-", dir=scratch_base())
@@ -159,6 +159,7 @@ def test_every_crash_state_of_generated_workloads_keeps_the_contract(
         "recovery interrupted",
         "kill, recovery, power cut",
         *(f"workload {name}" for name, _menu, _outcomes in MENUS),
+        *(f"workload {name}" for name, _script, _outcomes in SCRIPTS),
         *(f"step {s}" for s in ("open-attempt", "outcomes", "reopen", "bad-operator")),
     }
     assert wanted <= features, f"the workloads never exercised {sorted(wanted - features)}"

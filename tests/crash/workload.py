@@ -183,10 +183,64 @@ MENUS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
 )
 
 
+# Scripted workloads: a fixed order of steps that reaches a state the menus reach only
+# rarely (the seed still picks recipients and what an open attempt reports).
+# "slow-attempt-across-rollover": a message (its body in a file, so no inline body pins
+# its segment) is deferred; later mail fills its segment, rolls the log over and is
+# delivered; then its retry starts, in a later segment, and stays open across
+# checkpoints: the garbage front must keep the segment of the envelope that attempt
+# started from (G1), though everything else in it is done (retired segments are
+# archived here, so the menus' deletions and this script's archiving both occur).
+# "acknowledged-out-of-order": with outcome tracking, the newer of two outcomes is
+# acknowledged, the older not; after a restart the outcome reader reads past the
+# acknowledged one while the older holds the outcome front back, and a checkpoint and
+# another restart follow: the acknowledged outcome must never come back.
+SCRIPTS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    (
+        "acknowledged-out-of-order",
+        (
+            *("accept", "deliver") * 2,
+            "ack-newest",
+            "reopen",
+            "peek-outcomes",
+            "checkpoint",
+            "accept",
+            "deliver",
+            "checkpoint",
+            "reopen",
+            "peek-outcomes",
+        ),
+        True,
+    ),
+    (
+        "slow-attempt-across-rollover",
+        (
+            "accept-large",
+            "defer",
+            "reopen-archive",
+            *("accept-large", "deliver") * 4,
+            "checkpoint",
+            "advance-all",
+            "open-attempt",
+            *("accept-large", "deliver") * 2,
+            "checkpoint",
+            "finish-open",
+            "checkpoint",
+        ),
+        False,
+    ),
+)
+
+
 def run_named(base: str, seed: int, n_steps: int) -> Recorded:
-    """Run the named workload that ``seed`` picks."""
-    name, menu, outcomes = MENUS[seed % len(MENUS)]
-    recorded = run_workload(base, seed, n_steps, menu=menu, outcomes=outcomes)
+    """Run the named workload that ``seed`` picks (a menu of ``n_steps``, or a script)."""
+    pick = seed % (len(MENUS) + len(SCRIPTS))
+    if pick >= len(MENUS):
+        name, script, outcomes = SCRIPTS[pick - len(MENUS)]
+        recorded = run_workload(base, seed, len(script), script=script, outcomes=outcomes)
+    else:
+        name, menu, outcomes = MENUS[pick]
+        recorded = run_workload(base, seed, n_steps, menu=menu, outcomes=outcomes)
     recorded.name = name
     return recorded
 
@@ -270,18 +324,25 @@ class _Workload:
         getattr(self, "do_" + step.replace("-", "_"))()
 
     def do_accept(self) -> None:
+        self._accept(self.rng.choice((40, 300, 1200)))
+
+    def do_accept_large(self) -> None:
+        """An accept whose body goes to a file (over ``inline_body_max``)."""
+        self._accept(1200)
+
+    def _accept(self, size: int) -> None:
         self.n_msg += 1
         n = self.n_msg
         rcpts = tuple(f"r{i}@d{n % 3}.example" for i in range(self.rng.randint(1, 3)))
-        size = self.rng.choice((40, 300, 1200))
         data = bytes([65 + n % 26]) * size
         self.call("accept", "", rcpts, self.sp.accept, "s@example.org", rcpts, data)
 
-    def report(self, attempt: Attempt, rcpts: tuple[str, ...]) -> set[str]:
-        """Report each of ``rcpts`` delivered, failed, deferred or not at all; the reported."""
+    def report(self, attempt: Attempt, rcpts: tuple[str, ...], only: str | None = None) -> set[str]:
+        """Report each of ``rcpts`` delivered, failed, deferred or not at all (or each
+        ``only`` so); the reported."""
         done = set()
         for r in rcpts:
-            what = self.rng.choice(("delivered", "failed", "deferred", "deferred", "skip"))
+            what = only or self.rng.choice(("delivered", "failed", "deferred", "deferred", "skip"))
             if what == "delivered":
                 self.call("settle", attempt.msg_id, (r,), attempt.delivered, [r], "250 ok")
             elif what == "failed":
@@ -298,6 +359,21 @@ class _Workload:
             return
         attempt.read_data()
         self.report(attempt, attempt.envelope.recipients)
+        self.close(attempt)
+
+    def do_deliver(self) -> None:
+        """An attempt that delivers every recipient."""
+        self._attempt_all("delivered")
+
+    def do_defer(self) -> None:
+        """An attempt that defers every recipient (the message moves to a retry class)."""
+        self._attempt_all("deferred")
+
+    def _attempt_all(self, what: str) -> None:
+        attempt = self.sp.claim()
+        if attempt is None:
+            return
+        self.report(attempt, attempt.envelope.recipients, what)
         self.close(attempt)
 
     def do_open_attempt(self) -> None:
@@ -321,6 +397,10 @@ class _Workload:
 
     def do_checkpoint(self) -> None:
         self.sp.checkpoint()
+
+    def do_advance_all(self) -> None:
+        """Move the clock past every retry interval: all deferred mail is due."""
+        self.clock.advance(self.sp.options.longest_interval + 1)
 
     def do_advance(self) -> None:
         self.clock.advance(self.rng.choice(self.sp.options.retry_intervals) + 1)
@@ -372,16 +452,36 @@ class _Workload:
             raise AssertionError(f"{action}({msg_id!r}, {args!r}) was accepted")
         assert len(self.trace) == before, f"a refused {action} wrote to the disk"
 
+    def do_ack_newest(self) -> None:
+        """Take the outcomes handed out and acknowledge only the newest (out of order)."""
+        handed = self._take_outcomes()
+        if handed:
+            self.call("ack", handed[-1], (), self.sp.ack_outcome, handed[-1])
+
+    def do_peek_outcomes(self) -> None:
+        """Take the outcomes handed out (reading past the acknowledged) and acknowledge none."""
+        self._take_outcomes()
+
+    def _take_outcomes(self) -> list[str]:
+        handed: list[str] = []
+        if self.sp.options.outcomes:
+            while (outcome := self.sp.next_outcome(timeout=0)) is not None:
+                handed.append(outcome.msg_id)
+        return handed
+
     def do_outcomes(self) -> None:
         """Take the outcomes handed out and acknowledge some, in random order."""
         if not self.sp.options.outcomes:
             return
-        handed = []
-        while (outcome := self.sp.next_outcome(timeout=0)) is not None:
-            handed.append(outcome.msg_id)
+        handed = self._take_outcomes()
         self.rng.shuffle(handed)
         for msg_id in handed[: self.rng.randint(0, len(handed))]:
             self.call("ack", msg_id, (), self.sp.ack_outcome, msg_id)
+
+    def do_reopen_archive(self) -> None:
+        """Reopen with retired segments going to an archive instead of being deleted."""
+        self.shut()
+        self.sp = Spool.open(self.root, fs=self.fs, clock=self.clock, **TUNING, archive_dir=ARCHIVE)
 
     def do_reopen(self) -> None:
         self.shut()
@@ -401,12 +501,14 @@ def run_workload(
     *,
     menu: tuple[str, ...] = STEPS,
     outcomes: bool = False,
+    script: tuple[str, ...] | None = None,
 ) -> Recorded:
-    """Run a generated workload in ``base`` (empty) and return its trace and ledger."""
+    """Run a generated workload in ``base`` (empty) and return its trace and ledger: steps
+    drawn from ``menu``, or those of ``script`` in order."""
     work = _Workload(base, seed, outcomes)
     steps: list[str] = []
-    for _ in range(n_steps):
-        step = work.rng.choice(menu)
+    for k in range(n_steps):
+        step = script[k] if script is not None else work.rng.choice(menu)
         steps.append(step)
         work.step(step)
     work.shut()
