@@ -14,7 +14,11 @@ its child when its standard input closes, so no child outlives a failed test. Ev
 and kill is logged to standard error.
 
 The server is single-threaded, so forking it is safe. Children print ``opening`` just
-before ``Spool.open`` and ``running SECONDS`` once it returned.
+before ``Spool.open`` and ``running SECONDS`` once it returned. A child starts only once
+the server has printed its ``pid`` line (it waits on a pipe the server closes after that),
+so a fast child's lines can never come before the ``pid`` line that the reader waits for
+and be passed over. An open that takes over a minute dumps every thread's stack to
+standard error, so a hung open names where it hangs.
 
 ``load`` owns the spool and runs accept and delivery threads flat out. Every line it
 appends to ACKS is written with one ``write`` to an ``O_APPEND`` file and fdatasynced:
@@ -36,6 +40,7 @@ for the lock tests).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import signal
@@ -77,7 +82,9 @@ def body_is_intact(data: bytes) -> bool:
 def load(spool_dir: str, acks_path: str, seed: int) -> None:
     emit("opening")
     started = time.monotonic()
+    faulthandler.dump_traceback_later(60.0)
     sp = Spool.open(spool_dir, **TORTURE_OPTIONS)
+    faulthandler.cancel_dump_traceback_later()
     emit(f"running {time.monotonic() - started:.6f}")
     acks = os.open(acks_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
@@ -150,10 +157,14 @@ def serve() -> None:
                     # Two owners would make the next failure impossible to read.
                     emit(f"refused {child} is alive")
                     continue
+                go_read, go_write = os.pipe()
                 pid = os.fork()
                 if pid == 0:
                     code = 0
                     try:
+                        os.close(go_write)
+                        os.read(go_read, 1)  # EOF once the server printed ``pid``
+                        os.close(go_read)
                         signal.signal(signal.SIGINT, signal.SIG_DFL)
                         load(args[0], args[1], int(args[2]))
                     except BaseException as exc:
@@ -161,9 +172,11 @@ def serve() -> None:
                         code = 70
                     finally:
                         os._exit(code)
+                os.close(go_read)
                 child = pid
                 log(f"forked {pid}")
                 emit(f"pid {pid}")
+                os.close(go_write)  # now the child may start
             elif command == "kill":
                 if not child:
                     emit("none")

@@ -31,10 +31,12 @@ and, if ``SPOOL_REPORT_DIR`` is set, written to ``torture.json`` there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -283,6 +285,7 @@ def run_torture(tmp_path: Path, kills: int, seed: int) -> Model:
     open_times: list[float] = [0.01]
     cycles = CycleLog(tmp_path / "spool")
     server = ForkServer(tmp_path / "children.stderr")
+    finished = False
     try:
         done = cycle = 0
         during = 0
@@ -311,9 +314,12 @@ def run_torture(tmp_path: Path, kills: int, seed: int) -> Model:
             started = time.monotonic()
             check_and_drain(spool_dir, model, cycle)
             cycles.add(cycle, done, open_times[-1], time.monotonic() - started)
+        finished = not model.violations
     finally:
-        server.close()
+        server.close()  # kills a child still alive, so the spool stops changing
         cycles.write(model)
+        if not finished:
+            keep_failed_spool(tmp_path)
     model.figures["kills_during_recovery"] = during
     model.figures["messages_checked"] = len(model.accepted)
     model.figures["recipients_checked"] = sum(len(r) for r in model.accepted.values())
@@ -342,6 +348,21 @@ class CycleLog:
             model.figures["open_ms_median"] = round(1000 * ranked[len(ranked) // 2])
             model.figures["open_ms_max"] = round(1000 * ranked[-1])
         write_report("torture.cycles.tsv", "\n".join(self.rows) + "\n")
+
+
+def keep_failed_spool(tmp_path: Path) -> None:
+    """Copy a failed run's spool, acknowledgements and children's errors to the reports.
+
+    A long run's failure is worth nothing if its spool is gone with the temporary
+    directory. Best effort: a copy that fails must not hide the failure itself.
+    """
+    report_dir = os.environ.get("SPOOL_REPORT_DIR")
+    if not report_dir:
+        return
+    target = Path(report_dir, "torture.failed")
+    with contextlib.suppress(OSError):
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(tmp_path, target)
 
 
 def write_report(name: str, text: str) -> None:
