@@ -57,7 +57,7 @@ fmt: $(STAMP)
 	$(BIN)/ruff check --fix spool tests tools
 
 run: $(STAMP)
-	$(BIN)/python -m spool.demo $(SPOOL_DIR)
+	$(BIN)/python -m tools.demo $(SPOOL_DIR)
 
 # The benchmarks need the peers too (persist-queue): install the bench extra first.
 bench-quick: $(STAMP)

@@ -1,9 +1,12 @@
 """spool: a crash-only, log-structured mail spool.
 
-The public API is what this module exports; everything else is internal. See README.md
+The public API is what this module exports (``records`` for the records ``Spool.show``
+returns, ``Position`` and ``RestartPositions`` for where they are); everything else is
+internal. See README.md
 for an embedding example and docs/ for the design, the format and the fault model.
 """
 
+from spool import records
 from spool.errors import (
     AttemptExpired,
     BadSpoolDirectory,
@@ -22,7 +25,9 @@ from spool.errors import (
 )
 from spool.options import SpoolOptions
 from spool.outcomes import MessageOutcome
+from spool.positions import RestartPositions
 from spool.queue_view import QueueEntry
+from spool.records import Position
 from spool.recovery import RecoveryReport
 from spool.spool import (
     ActionResult,
@@ -47,8 +52,10 @@ __all__ = [
     "MessageOutcome",
     "MessageTooLarge",
     "OperatorAction",
+    "Position",
     "QueueEntry",
     "RecoveryReport",
+    "RestartPositions",
     "Spool",
     "SpoolClosed",
     "SpoolError",
@@ -58,4 +65,5 @@ __all__ = [
     "SpoolOptions",
     "SpoolStatistics",
     "UnknownMessage",
+    "records",
 ]

@@ -21,11 +21,12 @@ sent as its A-labels (``ascii_form``). ``needs_smtputf8`` says which addresses n
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final
 
 import idna
 
-from spool.errors import InvalidAddress
+from spool.errors import InvalidAddress, InvalidMessage, MessageTooLarge
 
 LOCAL_PART_MAX: Final = 64
 DOMAIN_MAX: Final = 255
@@ -121,3 +122,26 @@ def mailbox_key(address: str) -> str:
     the destination host may interpret them)."""
     local = address.rpartition("@")[0]
     return f"{local}@{domain_of(address)}"
+
+
+def check_recipients(recipients: object, limit: int) -> tuple[str, ...]:
+    """The recipients of a new message, checked: a list (not one string) of at most
+    ``limit`` valid mailboxes, none twice (compared as ``mailbox_key`` does)."""
+    if isinstance(recipients, str | bytes):
+        raise InvalidMessage("recipients must be a list of addresses, not one string")
+    if not isinstance(recipients, Iterable) or isinstance(recipients, dict):
+        raise InvalidMessage(
+            f"recipients must be a list of addresses, not {type(recipients).__name__}"
+        )
+    rcpts = tuple(recipients)
+    if not rcpts:
+        raise InvalidMessage("a message needs at least one recipient")
+    if len(rcpts) > limit:
+        raise MessageTooLarge(f"{len(rcpts)} recipients exceed max_recipients ({limit})")
+    for r in rcpts:
+        check_mailbox(r)
+    keys = [mailbox_key(r) for r in rcpts]
+    if len(set(keys)) != len(keys):
+        dupes = sorted({r for r, k in zip(rcpts, keys, strict=True) if keys.count(k) > 1})
+        raise InvalidMessage(f"duplicate recipients: {', '.join(dupes)}")
+    return rcpts

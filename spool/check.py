@@ -50,6 +50,7 @@ Errors:
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 import os
 import time
@@ -78,16 +79,17 @@ from spool.damage import (
     same_id,
     scan_segment,
 )
+from spool.directory import archive_file
 from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
-from spool.fs import FileSystem
+from spool.fs import FileSystem, read_file, write_file_durably
 from spool.lock import OwnerLock
 from spool.options import load_settings, resolve_options, store_settings
 from spool.positions import RestartPositions, load_positions, unretired
 from spool.reader import list_segments
 from spool.records import Position
 from spool.recovery import recover
-from spool.spool import Spool, archive_file
-from spool.writer import new_salt, segment_header
+from spool.segment_header import new_salt, segment_header
+from spool.spool import Spool
 
 BODY_LOST_REPLY = (
     "554 5.3.0 message data lost to disk damage in the spool; the damaged bytes were kept as {copy}"
@@ -102,10 +104,28 @@ RECORDS_LOST_HOLD = (
 )
 
 
+class ProblemKind(enum.Enum):
+    """What sort of thing is wrong; ``Problem.what`` says it in words."""
+
+    SEGMENT_MISSING = "segment missing"
+    SEGMENT_HEADER = "segment header"
+    BIT_FLIP = "a flipped bit"  # one bit, which the repair sets right
+    DAMAGE = "damaged bytes"
+    NO_BODY_FRAME = "envelope without its body frame"
+    UNDECODABLE = "undecodable record"
+    BODY_FILE = "body file missing or damaged"
+    UNFINISHED_REPAIR = "a message an earlier repair left unsettled"
+    SETTINGS = "settings file"
+    POSITIONS = "restart positions"
+    RECOVERY_REFUSES = "recovery refuses"
+
+
 @attrs.frozen
 class Problem:
-    """One thing wrong with a spool: where and what. ``fatal``: recovery would refuse."""
+    """One thing wrong with a spool: its kind, where and what. ``fatal``: recovery would
+    refuse."""
 
+    kind: ProblemKind
     path: str
     offset: int
     what: str
@@ -248,7 +268,9 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     segments = kept
     missing = [n for prev, nxt in itertools.pairwise(segments) for n in range(prev + 1, nxt)]
     for n in missing:
-        problems.append(Problem(_segment_path(log_dir, n), 0, "segment missing"))
+        problems.append(
+            Problem(ProblemKind.SEGMENT_MISSING, _segment_path(log_dir, n), 0, "segment missing")
+        )
     walk = Assessment(set())
     regions: list[Region] = []
     markers: list[Region] = []
@@ -262,7 +284,11 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         except FileNotFoundError:
             # Gone since the listing: deleted by a running owner (the pass is then
             # repeated, or the finding left uncertain), or missing indeed.
-            problems.append(Problem(_segment_path(log_dir, seg), 0, "segment missing"))
+            problems.append(
+                Problem(
+                    ProblemKind.SEGMENT_MISSING, _segment_path(log_dir, seg), 0, "segment missing"
+                )
+            )
             walk.step(Position(seg, 0), _missing_region(seg))
             continue
         records += sum(1 for _, item in scan.items if not isinstance(item, Region))
@@ -359,18 +385,10 @@ def _missing_region(number: int) -> Region:
     return Region(number, 0, 0, RegionKind.RECORDS, "segment missing")
 
 
-def _read_all(fs: FileSystem, path: str) -> bytes:
-    fd = fs.open(path, os.O_RDONLY)
-    try:
-        return fs.pread(fd, fs.size(fd), 0)
-    finally:
-        fs.close(fd)
-
-
 def _scan(
     fs: FileSystem, log_dir: str, seg: int, newest: int, positions: RestartPositions | None
 ) -> SegmentScan:
-    data = _read_all(fs, _segment_path(log_dir, seg))
+    data = read_file(fs, _segment_path(log_dir, seg))
     consistent = positions.consistent if positions is not None else Position(0, 0)
     if consistent.segment > seg:
         durable_end = len(data)
@@ -383,15 +401,19 @@ def _scan(
 
 def _report_scan(scan: SegmentScan, path: str, problems: list[Problem], notes: list[str]) -> None:
     if scan.header_problem is not None and scan.torn_at is None and scan.salt is not None:
-        problems.append(Problem(path, 0, f"segment header: {scan.header_problem}"))
+        problems.append(
+            Problem(ProblemKind.SEGMENT_HEADER, path, 0, f"segment header: {scan.header_problem}")
+        )
     for offset, _fixed, what in scan.corrections:
-        problems.append(Problem(path, offset, f"{what}: check --repair sets it right"))
+        problems.append(
+            Problem(ProblemKind.BIT_FLIP, path, offset, f"{what}: check --repair sets it right")
+        )
     for region in scan.regions:
         if not region.marker:
             what = f"{region.reason}; {region.end - region.start} bytes"
             if region.start == 0 and scan.salt is None:
                 what = f"{region.reason}; the whole segment ({region.end} bytes) is unreadable"
-            problems.append(Problem(path, region.start, what))
+            problems.append(Problem(ProblemKind.DAMAGE, path, region.start, what))
     if scan.torn_at is not None:
         notes.append(
             f"{path}: torn tail of {scan.size - scan.torn_at} bytes at offset {scan.torn_at} "
@@ -412,15 +434,31 @@ def _check_pairs(scan: SegmentScan, path: str, problems: list[Problem]) -> None:
                 pass  # the body is in the damage: the damage is the problem
             elif item.type == fmt.T_BODY:
                 if rec.decode_body(item.payload)[0] != owner:
-                    problems.append(Problem(path, at, f"envelope of {owner} has no body frame"))
+                    problems.append(
+                        Problem(
+                            ProblemKind.NO_BODY_FRAME,
+                            path,
+                            at,
+                            f"envelope of {owner} has no body frame",
+                        )
+                    )
             else:
-                problems.append(Problem(path, at, f"envelope of {owner} has no body frame"))
+                problems.append(
+                    Problem(
+                        ProblemKind.NO_BODY_FRAME,
+                        path,
+                        at,
+                        f"envelope of {owner} has no body frame",
+                    )
+                )
         if isinstance(item, Region) or item.type in (fmt.T_BODY, fmt.T_PAD):
             continue
         try:
             record = rec.decode(item.type, item.payload)
         except rec.RecordError as exc:
-            problems.append(Problem(path, offset, f"undecodable record: {exc}"))
+            problems.append(
+                Problem(ProblemKind.UNDECODABLE, path, offset, f"undecodable record: {exc}")
+            )
             continue
         inline = isinstance(record, rec.Envelope) and record.body.kind == rec.BODY_INLINE
         if inline and isinstance(record, rec.Envelope) and record.body.at is None:
@@ -457,12 +495,14 @@ def _check_bodies(
             raw, path = read_raw_body_file(fs, root, msg_id)
         except FileNotFoundError:
             path = body_file_paths(root, msg_id)[1]
-            problems.append(Problem(path, 0, "body file of a live message is missing"))
+            problems.append(
+                Problem(ProblemKind.BODY_FILE, path, 0, "body file of a live message is missing")
+            )
             bad.append(msg_id)
             continue
         why = check_body_file(raw)
         if why is not None:
-            problems.append(Problem(path, 0, why))
+            problems.append(Problem(ProblemKind.BODY_FILE, path, 0, why))
             bad.append(msg_id)
     return bad
 
@@ -478,6 +518,7 @@ def _report_unfinished_repairs(
         if a.verdict is Verdict.BODY_LOST and a.live:
             problems.append(
                 Problem(
+                    ProblemKind.UNFINISHED_REPAIR,
                     a.region.copy or "log",
                     a.region.start,
                     f"{a.msg_id}: its body was lost to damage at {a.region} and it is still "
@@ -487,6 +528,7 @@ def _report_unfinished_repairs(
         elif a.verdict is Verdict.RECORDS_LOST and a.live and not a.held:
             problems.append(
                 Problem(
+                    ProblemKind.UNFINISHED_REPAIR,
                     a.region.copy or "log",
                     a.region.start,
                     f"{a.msg_id}: its records may have been lost to damage at {a.region} and "
@@ -514,7 +556,7 @@ def _check_settings(fs: FileSystem, path: str, problems: list[Problem]) -> bool:
     try:
         load_settings(fs, path)
     except CorruptSpool as exc:
-        problems.append(Problem(exc.path, exc.offset, exc.reason))
+        problems.append(Problem(ProblemKind.SETTINGS, exc.path, exc.offset, exc.reason))
         return True
     return False
 
@@ -532,6 +574,7 @@ def _check_positions(
     if positions is None:
         problems.append(
             Problem(
+                ProblemKind.POSITIONS,
                 pos_path,
                 0,
                 "restart positions are damaged (recovery will scan everything)",
@@ -540,10 +583,23 @@ def _check_positions(
         )
         return
     if segments and positions.consistent.segment > segments[-1]:
-        problems.append(Problem(pos_path, 0, "restart positions point past the end of the log"))
+        problems.append(
+            Problem(
+                ProblemKind.POSITIONS,
+                pos_path,
+                0,
+                "restart positions point past the end of the log",
+            )
+        )
     if segments and positions.working_start.segment < segments[0]:
         problems.append(
-            Problem(pos_path, 0, "working suffix starts in a deleted segment", fatal=False)
+            Problem(
+                ProblemKind.POSITIONS,
+                pos_path,
+                0,
+                "working suffix starts in a deleted segment",
+                fatal=False,
+            )
         )
 
 
@@ -555,7 +611,14 @@ def _dry_run_recovery(fs: FileSystem, path: str, problems: list[Problem]) -> Non
         recover(fs, path, options=options, clock=time.time, dry_run=True)
     except CorruptSpool as exc:
         if not any(p.path == exc.path and p.offset == exc.offset for p in problems):
-            problems.append(Problem(exc.path, exc.offset, f"recovery refuses: {exc.reason}"))
+            problems.append(
+                Problem(
+                    ProblemKind.RECOVERY_REFUSES,
+                    exc.path,
+                    exc.offset,
+                    f"recovery refuses: {exc.reason}",
+                )
+            )
 
 
 # --- repair --------------------------------------------------------------------------
@@ -607,7 +670,7 @@ def _needs_repair(report: CheckReport) -> bool:
         or report.bad_settings
         or report.bad_positions
         or report.missing_segments
-        or any(p.what.startswith("segment header") for p in report.problems)
+        or any(p.kind is ProblemKind.SEGMENT_HEADER for p in report.problems)
     )
 
 
@@ -627,7 +690,7 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
         | {
             fmt.parse_segment_name(os.path.basename(p.path)) or 0
             for p in report.problems
-            if p.what.startswith("segment header")
+            if p.kind is ProblemKind.SEGMENT_HEADER
         }
     )
     copies: dict[int, str] = {}
@@ -747,7 +810,7 @@ def _rewrite_segment(
     fs: FileSystem, log_dir: str, seg: int, regions: list[Region], copy: str
 ) -> None:
     """The segment with each damaged region replaced by a marker or padding of its size."""
-    data = _read_all(fs, _segment_path(log_dir, seg))
+    data = read_file(fs, _segment_path(log_dir, seg))
     scan = scan_segment(data, seg, newest=False, durable_end=len(data))
     now = time.time()
     if scan.salt is None:
@@ -780,24 +843,13 @@ def _write_segment(fs: FileSystem, log_dir: str, seg: int, data: bytes) -> None:
     """(X3) Replace segment ``seg`` atomically: temp file, fdatasync, rename, dir fsync."""
     path = _segment_path(log_dir, seg)
     tmp = path + ".repair"  # not a segment name: readers never see it
-    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        fs.pwrite(fd, data, 0)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
+    write_file_durably(fs, tmp, data)
     fs.rename(tmp, path)
     fs.fsync_dir(log_dir)
 
 
 def _copy_durably(fs: FileSystem, src: str, dst: str, dst_dir: str) -> None:
-    data = _read_all(fs, src)
-    fd = fs.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        fs.pwrite(fd, data, 0)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
+    write_file_durably(fs, dst, read_file(fs, src))
     fs.fsync_dir(dst_dir)
 
 
@@ -825,10 +877,10 @@ def _restore_one(sp: Spool, path: str, a: Affected) -> str:
     log_dir = os.path.join(path, fmt.LOG_DIR)
     try:
         if env.body.kind == rec.BODY_FILE:
-            data = read_body_file(sp._fs, path, env.msg_id)
+            data = read_body_file(sp._state.fs, path, env.msg_id)
         else:
             at = env.body.at or Position(a.region.segment, a.region.end)  # first: body follows
-            data = read_inline_body(sp._fs, log_dir, env.msg_id, at)
+            data = read_inline_body(sp._state.fs, log_dir, env.msg_id, at)
         reason = RESTORED_HOLD.format(region=a.region)
         sp._restore_envelope(env, data, Position(a.region.segment, a.region.start), reason)
     except SpoolError as exc:

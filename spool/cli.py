@@ -140,11 +140,6 @@ def recorded_options(directory: str) -> SpoolOptions:
     return resolve_options(load_settings(FileSystem(), directory), {})
 
 
-def intervals_of(directory: str) -> tuple[float, ...]:
-    """The owner's retry intervals as the spool recorded them."""
-    return recorded_options(directory).retry_intervals
-
-
 def require_spool(directory: str) -> None:
     if not os.path.isdir(os.path.join(directory, fmt.LOG_DIR)):
         fail(f"{directory} is not a spool (no {fmt.LOG_DIR}/ directory)")
@@ -361,7 +356,7 @@ def list_cmd(
     """
     require_spool(directory)
     now = time.time()
-    intervals = (0.0, *intervals_of(directory))
+    intervals = recorded_options(directory).class_intervals()
     entries = sorted(
         live_messages(FileSystem(), directory, intervals).values(),
         key=lambda e: (e.accepted_at, e.msg_id),
@@ -489,7 +484,7 @@ def stats(directory: str, as_json: bool) -> None:
     """
     require_spool(directory)
     now = time.time()
-    intervals = (0.0, *intervals_of(directory))
+    intervals = recorded_options(directory).class_intervals()
     entries = list(live_messages(FileSystem(), directory, intervals).values())
     by_state = collections.Counter(e.state for e in entries)
     by_class = collections.Counter(e.klass for e in entries)

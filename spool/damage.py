@@ -55,14 +55,9 @@ from crc32c import crc32c
 from spool import format as fmt
 from spool import records as rec
 from spool.framing import Frame, encode_frame, pad_frame, parse_frame
-from spool.reader import (
-    check_segment_header,
-    first_valid_frame,
-    header_blank,
-    looks_torn,
-    segment_salt,
-)
+from spool.reader import first_valid_frame, looks_torn
 from spool.records import Position
+from spool.segment_header import check_segment_header, header_blank, segment_salt
 
 # The smallest frame any record can be (a START record: id, a position, a class and a
 # float time: 45 bytes of CBOR and a 9-byte header). A damaged region smaller than this
@@ -608,7 +603,9 @@ def replacement(region: Region, salt: int, at: float, copy: str) -> bytes:
             return encode_frame(fmt.T_CONTROL, payload, salt)
     if region.kind is RegionKind.BODY and size == body and not sup:
         return pad_frame(size, salt)
-    raise ValueError(f"no marker fits the damaged region {region}")
+    # Never reached: every region is at least RECORD_FRAME_MIN bytes, which the last
+    # marker always fits. A bug, not damage.
+    raise AssertionError(f"no marker fits the damaged region {region}")
 
 
 def _sized_marker(marker: rec.Control, size: int) -> bytes | None:

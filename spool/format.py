@@ -6,6 +6,7 @@ Change nothing here without changing that document and the golden tests.
 
 from __future__ import annotations
 
+import enum
 import struct
 from typing import Final
 
@@ -40,26 +41,33 @@ assert FRAME_HEADER_SIZE == 9
 # The largest payload a reader accepts; a longer length field is damage, not data.
 FRAME_PAYLOAD_MAX: Final = 8 * 1024 * 1024
 
-# Frame types. 0 is never written: a zeroed region can never parse as a record.
-T_NONE: Final = 0
-T_ENVELOPE: Final = 1
-T_BODY: Final = 2
-T_START: Final = 3
-T_DELTA: Final = 4
-T_FINISH: Final = 5
-T_CONTROL: Final = 6
-T_PAD: Final = 15
 
-FRAME_TYPES: Final = frozenset({T_ENVELOPE, T_BODY, T_START, T_DELTA, T_FINISH, T_CONTROL, T_PAD})
-TYPE_NAMES: Final = {
-    T_ENVELOPE: "envelope",
-    T_BODY: "body",
-    T_START: "start",
-    T_DELTA: "delta",
-    T_FINISH: "finish",
-    T_CONTROL: "control",
-    T_PAD: "pad",
-}
+class FrameType(enum.IntEnum):
+    """The frame types (the byte after a frame's length and CRC). 0 is never written: a
+    zeroed region can never parse as a record."""
+
+    NONE = 0
+    ENVELOPE = 1
+    BODY = 2
+    START = 3
+    DELTA = 4
+    FINISH = 5
+    CONTROL = 6
+    PAD = 15
+
+
+# The short names the modules use; each is the enum member itself.
+T_NONE: Final = FrameType.NONE
+T_ENVELOPE: Final = FrameType.ENVELOPE
+T_BODY: Final = FrameType.BODY
+T_START: Final = FrameType.START
+T_DELTA: Final = FrameType.DELTA
+T_FINISH: Final = FrameType.FINISH
+T_CONTROL: Final = FrameType.CONTROL
+T_PAD: Final = FrameType.PAD
+
+FRAME_TYPES: Final[frozenset[int]] = frozenset(t for t in FrameType if t is not FrameType.NONE)
+TYPE_NAMES: Final[dict[int, str]] = {t: FrameType(t).name.lower() for t in FRAME_TYPES}
 
 # --- the spool directory ---------------------------------------------------------------
 LOCK_NAME: Final = "lock"

@@ -14,6 +14,7 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -77,3 +78,32 @@ class FileSystem:
         """Bytes available to this user on the file system holding ``path``."""
         st = os.statvfs(path)
         return st.f_bavail * st.f_frsize
+
+
+def read_file(fs: FileSystem, path: str, offset: int = 0) -> bytes:
+    """The bytes of ``path`` from ``offset`` to its end, read through the seam."""
+    fd = fs.open(path, os.O_RDONLY)
+    try:
+        return fs.pread(fd, max(fs.size(fd) - offset, 0), offset)
+    finally:
+        fs.close(fd)
+
+
+def write_file_durably(fs: FileSystem, path: str, data: bytes) -> None:
+    """Create (or truncate) ``path`` holding ``data``, fdatasynced on return.
+
+    The one recipe for the spool's durable copies (damage set aside in ``corrupt/``, a
+    segment archived across devices, a repaired segment's temporary file). The caller
+    fsyncs the directory, and argues what a crash before that leaves. A failure removes
+    what was written (a full disk leaves no partial copy behind) and raises.
+    """
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        fs.pwrite(fd, data, 0)
+        fs.fdatasync(fd)
+    except OSError:
+        fs.close(fd)
+        with contextlib.suppress(OSError):
+            fs.unlink(path)
+        raise
+    fs.close(fd)

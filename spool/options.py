@@ -57,6 +57,12 @@ DEFAULT_MAX_RECIPIENTS: Final = 1000
 # Generous: an SMTP delivery's stages time out within minutes (Postfix: 300 s per command,
 # 600 s after the data), so an hour-long attempt is a hung worker.
 DEFAULT_ATTEMPT_TIMEOUT: Final = HOUR
+# This process's tuning (``Spool.open`` takes these defaults from here).
+DEFAULT_MAX_IN_FLIGHT: Final = 10_000
+DEFAULT_SYNC_EVERY: Final = 1000
+DEFAULT_SYNC_INTERVAL: Final = 1.0
+DEFAULT_CHECKPOINT_INTERVAL: Final = 30.0
+DEFAULT_CHECKPOINT_EVERY: Final = 100_000
 
 # A BODY frame holds the message id and the data: the largest body that fits one frame.
 INLINE_BODY_LIMIT: Final = fmt.FRAME_PAYLOAD_MAX - fmt.MSG_ID_LENGTH
@@ -197,11 +203,15 @@ class SpoolOptions:
         validator=_whole(0, SIZE_MAX),
     )
 
-    max_in_flight: int = attrs.field(default=10_000, validator=_whole(1, 10**9))
-    sync_every: int = attrs.field(default=1000, validator=_whole(1, 10**12))
-    sync_interval: float = attrs.field(default=1.0, validator=_seconds)
-    checkpoint_interval: float = attrs.field(default=30.0, validator=_seconds)
-    checkpoint_every: int = attrs.field(default=100_000, validator=_whole(1, 10**12))
+    max_in_flight: int = attrs.field(default=DEFAULT_MAX_IN_FLIGHT, validator=_whole(1, 10**9))
+    sync_every: int = attrs.field(default=DEFAULT_SYNC_EVERY, validator=_whole(1, 10**12))
+    sync_interval: float = attrs.field(default=DEFAULT_SYNC_INTERVAL, validator=_seconds)
+    checkpoint_interval: float = attrs.field(
+        default=DEFAULT_CHECKPOINT_INTERVAL, validator=_seconds
+    )
+    checkpoint_every: int = attrs.field(
+        default=DEFAULT_CHECKPOINT_EVERY, validator=_whole(1, 10**12)
+    )
     # How long one attempt may stay open: past it the spool closes it as deferred, so a
     # worker that hangs cannot pin the log (docs/design.md, "Attempt leases").
     attempt_timeout: float = attrs.field(default=DEFAULT_ATTEMPT_TIMEOUT, validator=_seconds)
@@ -269,6 +279,25 @@ def resolve_options(recorded: dict[str, Any], given: dict[str, Any]) -> SpoolOpt
     if unknown:
         raise SpoolMisuse(f"unknown options: {', '.join(sorted(unknown))}")
     return SpoolOptions(**values)
+
+
+def options_for_open(fs: FileSystem, root: str, given: dict[str, Any]) -> tuple[SpoolOptions, bool]:
+    """The options of an open of the spool at ``root`` (the owner's lock held), and whether
+    its settings must be recorded: there is no settings file yet, or ``given`` changes one.
+    Writes nothing: the caller records them once everything they need (an archive
+    directory) is known to work, so a refused open changes nothing."""
+    recorded = load_settings(fs, root)
+    options = resolve_options(recorded, given)
+    has_file = os.path.exists(os.path.join(root, fmt.SETTINGS_NAME))
+    changed = not has_file or resolve_options(recorded, {}).settings() != options.settings()
+    return options, changed
+
+
+def archive_path(root: str, options: SpoolOptions) -> str | None:
+    """Where retired segments of the spool at ``root`` go (None: they are deleted)."""
+    if options.archive_dir is None:
+        return None
+    return os.path.normpath(os.path.join(root, options.archive_dir))
 
 
 def load_settings(fs: FileSystem, root: str) -> dict[str, Any]:

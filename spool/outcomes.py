@@ -16,7 +16,7 @@ The finish also carries the sender, the acceptance time and where the body is, a
 tracking the body outlives the message until the bounce is sent: a body file is removed
 when its outcome is acknowledged (not when the message finishes), and the inline body of a
 message whose outcome names a failed recipient is copied to a file as it finishes
-(``Spool._finish_body``), so a bounce can always return the message.
+(``BodyKeeper.finish_body``), so a bounce can always return the message.
 
 Not thread-safe: the spool calls it under its lock.
 """
@@ -27,7 +27,6 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem
 from spool.reader import LogCursor
@@ -83,10 +82,9 @@ class OutcomeReader:
             pos, frame = item
             if not isinstance(frame, Frame) or frame.type != fmt.T_FINISH:
                 continue
-            try:
-                record = rec.decode(frame.type, frame.payload)
-            except rec.RecordError as exc:
-                raise CorruptSpool(self._cursor.path(pos.segment), pos.offset, str(exc)) from None
+            record = rec.decode_stored(
+                frame.type, frame.payload, self._cursor.path(pos.segment), pos.offset
+            )
             assert isinstance(record, rec.Finish)
             if record.msg_id in self._acked_ahead:
                 # Acknowledged before a restart: not handed out again. Keep the id, now with

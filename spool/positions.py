@@ -83,7 +83,7 @@ class RestartPositions:
     @classmethod
     def from_obj(cls, obj: dict[str, Any]) -> RestartPositions:
         if obj.get("version") != POSITIONS_VERSION:
-            raise ValueError(f"positions version {obj.get('version')!r}")
+            raise RecordError(f"positions version {obj.get('version')!r}")
         return cls(
             consistent=Position.from_obj(obj["consistent"]),
             working_start=Position.from_obj(obj["working_start"]),

@@ -20,7 +20,6 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem
 from spool.positions import load_positions, unretired
@@ -84,10 +83,9 @@ def walk(
             if frame.type in (fmt.T_BODY, fmt.T_PAD):
                 yield pos, None, frame
                 continue
-            try:
-                record = rec.decode(frame.type, frame.payload)
-            except rec.RecordError as exc:
-                raise CorruptSpool(cursor.path(pos.segment), pos.offset, str(exc)) from None
+            record = rec.decode_stored(
+                frame.type, frame.payload, cursor.path(pos.segment), pos.offset
+            )
             yield pos, record, frame
     finally:
         cursor.close()

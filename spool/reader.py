@@ -26,13 +26,13 @@ import re
 from collections.abc import Iterator
 
 import attrs
-from crc32c import crc32c
 
 from spool import format as fmt
 from spool.errors import CorruptSpool
 from spool.framing import NEED_DATA, BadFrame, Frame, parse_frame, peek_header
 from spool.fs import FileSystem
 from spool.records import Position
+from spool.segment_header import check_segment_header, header_blank, segment_salt
 
 CHUNK_SIZE = 256 * 1024
 
@@ -41,34 +41,6 @@ def list_segments(fs: FileSystem, log_dir: str) -> list[int]:
     """Numbers of the segment files in ``log_dir``, ascending."""
     numbers = [n for n in map(fmt.parse_segment_name, fs.listdir(log_dir)) if n is not None]
     return sorted(numbers)
-
-
-def check_segment_header(data: bytes, number: int, path: str) -> str | None:
-    """None if ``data`` starts with a valid header for segment ``number``, else why not."""
-    if len(data) < fmt.SEGMENT_HEADER_SIZE:
-        return f"header truncated ({len(data)} bytes)"
-    magic, version, size, seg, _salt, crc = fmt.SEGMENT_HEADER.unpack_from(data)
-    if crc32c(data[: fmt.SEGMENT_HEADER_SIZE - 4]) != crc:
-        return "header checksum mismatch"
-    if magic != fmt.SEGMENT_MAGIC:
-        return "not a spool segment (bad magic)"
-    if version not in fmt.FORMAT_VERSIONS_READ:
-        readable = ", ".join(map(str, sorted(fmt.FORMAT_VERSIONS_READ)))
-        return f"format version {version}, this spool reads versions {readable}"
-    if size != fmt.SEGMENT_HEADER_SIZE or seg != number:
-        return f"header names segment {seg}, file name says {number}"
-    return None
-
-
-def segment_salt(header: bytes) -> int:
-    """The salt of a segment's frames, from its (checked) header: 0 for version 1."""
-    _magic, version, _size, _seg, salt, _crc = fmt.SEGMENT_HEADER.unpack_from(header)
-    return 0 if version == 1 else int(salt)
-
-
-def header_blank(first_sector: bytes) -> bool:
-    """Whether a segment's first sector (or what there is of it) is all zeros."""
-    return not first_sector.strip(b"\0")
 
 
 def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:

@@ -18,6 +18,7 @@ import attrs
 import cbor2
 
 from spool import format as fmt
+from spool.errors import CorruptSpool
 
 
 class RecordError(ValueError):
@@ -326,6 +327,17 @@ def decode(ftype: int, payload: bytes) -> Record:
         if isinstance(exc, RecordError):
             raise
         raise RecordError(f"{fmt.TYPE_NAMES.get(ftype, ftype)} record: {exc!r}") from exc
+
+
+def decode_stored(ftype: int, payload: bytes, path: str, offset: int) -> Record:
+    """Decode a record read from the spool file ``path`` at ``offset``: a frame that
+    passed its checksum but does not decode is damage no crash explains, so it raises
+    ``CorruptSpool`` naming the file and offset (the one place that turns one into the
+    other, for recovery, the runners, the outcome reader, the queue view and the spool)."""
+    try:
+        return decode(ftype, payload)
+    except RecordError as exc:
+        raise CorruptSpool(path, offset, str(exc)) from None
 
 
 def _str(obj: Any) -> str:

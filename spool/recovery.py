@@ -41,7 +41,7 @@ from spool import format as fmt
 from spool import records as rec
 from spool.errors import CorruptSpool
 from spool.framing import Frame
-from spool.fs import FileSystem
+from spool.fs import FileSystem, read_file, write_file_durably
 from spool.options import SpoolOptions
 from spool.positions import RestartPositions, load_positions, unretired
 from spool.reader import LogCursor, SkippedBody, TornTail, list_segments, read_frame_at
@@ -260,10 +260,9 @@ def recover(
                 continue
             if isinstance(frame, SkippedBody) or frame.type in (fmt.T_BODY, fmt.T_PAD):
                 continue
-            try:
-                record = rec.decode(frame.type, frame.payload)
-            except rec.RecordError as exc:
-                raise CorruptSpool(cursor.path(pos.segment), pos.offset, str(exc)) from None
+            record = rec.decode_stored(
+                frame.type, frame.payload, cursor.path(pos.segment), pos.offset
+            )
             if _has_inline_body_next(record):
                 assert isinstance(record, rec.Envelope)
                 awaiting = (pos, record, frame.size)
@@ -607,20 +606,18 @@ def _decide_all(
         if case.decision is Decision.HOLD:
             held = f"crash loop: in flight at {crashes} crashes"
         hold = case.decision is Decision.HOLD or w.hold is not None
+        klass = options.last_class if hold else options.class_for_attempts(env.attempts + 1)
         out.append(
-            rec.Envelope(
-                msg_id=msg_id,
-                sender=env.sender,
-                recipients=remaining,
-                accepted_at=env.accepted_at,
-                written_at=now,
+            successor_envelope(
+                env,
+                w.envelope_at,
+                remaining=remaining,
+                outcomes=outcomes,
                 body=body,
-                attempts=env.attempts + 1,
-                klass=options.last_class if hold else options.class_for_attempts(env.attempts + 1),
+                now=now,
+                klass=klass,
                 held=held,
                 crashes=crashes,
-                supersedes=w.envelope_at,
-                outcomes=outcomes,
                 last_reply=env.last_reply,
             )
         )
@@ -652,6 +649,42 @@ def _in_damaged(at: Position, damaged: list[tuple[Position, int]]) -> bool:
     return any(
         at.segment == pos.segment and pos.offset <= at.offset < pos.offset + size
         for pos, size in damaged
+    )
+
+
+def successor_envelope(
+    env: rec.Envelope,
+    envelope_at: Position,
+    *,
+    remaining: tuple[str, ...],
+    outcomes: tuple[rec.Outcome, ...],
+    body: rec.BodyRef,
+    now: float,
+    klass: int,
+    held: str | None,
+    crashes: int,
+    last_reply: str | None,
+    promoted_from: Position | None = None,
+) -> rec.Envelope:
+    """The envelope that carries a message on after an attempt on ``env`` (at
+    ``envelope_at``): its ``remaining`` recipients, one attempt more, superseding ``env``.
+    Built here for both the end of an attempt (``attempts.py``) and recovery's decision
+    for an attempt a crash left open (R2, R3), so that both write the same record."""
+    return rec.Envelope(
+        msg_id=env.msg_id,
+        sender=env.sender,
+        recipients=remaining,
+        accepted_at=env.accepted_at,
+        written_at=now,
+        body=body,
+        attempts=env.attempts + 1,
+        klass=klass,
+        held=held,
+        crashes=crashes,
+        supersedes=envelope_at,
+        outcomes=outcomes,
+        last_reply=last_reply,
+        promoted_from=promoted_from,
     )
 
 
@@ -689,28 +722,16 @@ def _cut_torn_tail(fs: FileSystem, root: str, log_dir: str, at: Position) -> Non
 
 
 def _quarantine_tail(fs: FileSystem, root: str, path: str, at: Position) -> None:
-    fd = fs.open(path, os.O_RDONLY)
-    try:
-        tail = fs.pread(fd, fs.size(fd) - at.offset, at.offset)
-    finally:
-        fs.close(fd)
+    tail = read_file(fs, path, at.offset)
     if not tail.strip(b"\0"):
         return
     corrupt = os.path.join(root, fmt.CORRUPT_DIR)
     if not os.path.isdir(corrupt):
         fs.mkdir(corrupt, 0o700)
     name = os.path.join(corrupt, f"{os.path.basename(path)}.{at.offset}.torn")
-    out = fs.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        # A crash before these syncs may lose the copy; the tail is still in the segment
-        # (it is cut only after this returns), so the next recovery copies it again.
-        fs.pwrite(out, tail, 0)
-        fs.fdatasync(out)
-    except OSError:
-        with contextlib.suppress(OSError):
-            fs.unlink(name)  # no partial copy left behind (a full disk, say)
-        raise
-    finally:
-        fs.close(out)
+    # A crash before these syncs may lose the copy; the tail is still in the segment (it
+    # is cut only after this returns), so the next recovery copies it again. A failure
+    # (a full disk, say) leaves no partial copy behind.
+    write_file_durably(fs, name, tail)
     fs.fsync_dir(corrupt)
     fs.fsync_dir(root)

@@ -39,7 +39,6 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem
 from spool.reader import LogCursor
@@ -130,12 +129,9 @@ class Runner:
                 pos, frame = item
                 if not isinstance(frame, Frame) or frame.type != fmt.T_ENVELOPE:
                     continue
-                try:
-                    env = rec.decode(frame.type, frame.payload)
-                except rec.RecordError as exc:
-                    raise CorruptSpool(
-                        self._reader.path(pos.segment), pos.offset, str(exc)
-                    ) from None
+                env = rec.decode_stored(
+                    frame.type, frame.payload, self._reader.path(pos.segment), pos.offset
+                )
                 assert isinstance(env, Envelope)
                 self.envelopes_seen += 1
                 if not self.owns(env):

@@ -34,36 +34,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import attrs
-from crc32c import crc32c
 
 from spool import format as fmt
 from spool.errors import SpoolClosed, SpoolFailed
 from spool.framing import encode_frame, padding_for
 from spool.fs import FileSystem
 from spool.records import Position
+from spool.segment_header import new_salt, segment_header
 
 Part = tuple[int, bytes]  # (frame type, payload): one record or BODY frame to append
-
-
-def new_salt() -> int:
-    """A fresh segment salt: 32 random bits, never 0 (0 is what version 1 wrote)."""
-    while not (salt := secrets.randbits(32)):
-        pass
-    return salt
-
-
-def segment_header(number: int, salt: int) -> bytes:
-    """The 32-byte header that opens segment ``number``, whose frames are salted ``salt``."""
-    body = fmt.SEGMENT_HEADER.pack(
-        fmt.SEGMENT_MAGIC, fmt.FORMAT_VERSION, fmt.SEGMENT_HEADER_SIZE, number, salt, 0
-    )[:-4]
-    return body + crc32c(body).to_bytes(4, "little")
 
 
 @attrs.define

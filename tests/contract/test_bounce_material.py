@@ -338,7 +338,7 @@ def test_turning_tracking_on_tracks_the_mail_that_finishes_from_then_on(
     run_child(
         f"""
         import os
-        import spool.spool
+        import spool.checkpoints
         from spool import Spool
         sp = Spool.open({str(root)!r}, inline_body_max=1000, checkpoint_interval=1e9)
         sp.accept("a@example.org", ["gone@example.net"], {LARGE!r})
@@ -347,7 +347,7 @@ def test_turning_tracking_on_tracks_the_mail_that_finishes_from_then_on(
         attempt.close()
         if {crash!r} != "none":
             # The crash: the checkpoint removed the finished body file, then died.
-            spool.spool.store_positions = lambda *args: os._exit(0)
+            spool.checkpoints.store_positions = lambda *args: os._exit(0)
         sp.close()
         os._exit(0)
         """

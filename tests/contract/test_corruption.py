@@ -46,10 +46,10 @@ from spool.cli import main
 from spool.framing import NEED_DATA, BadFrame, Frame, Scanner, encode_frame, parse_frame
 from spool.fs import FileSystem
 from spool.queue_view import walk
-from spool.reader import LogCursor, list_segments, segment_salt
+from spool.reader import LogCursor, list_segments
 from spool.records import Position
+from spool.segment_header import segment_header, segment_salt
 from spool.testing import FakeClock, tree_snapshot
-from spool.writer import segment_header
 from tests.contract.children import TRAFFIC_OPTIONS, body_is_intact
 
 ROOT = Path(__file__).resolve().parents[2]

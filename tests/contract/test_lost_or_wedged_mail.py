@@ -20,11 +20,11 @@ import pytest
 from spool import CorruptSpool, Spool, SpoolError, SpoolLocked
 from spool import format as fmt
 from spool.check import check_spool
-from spool.crashsim import CrashSimulator, RecordingFS
 from spool.errors import InvalidMessage, MessageTooLarge, SpoolMisuse
 from spool.fs import FileSystem
 from spool.options import RECIPIENTS_LIMIT
 from spool.testing import FakeClock, deliver_all, tree_snapshot
+from spool.testing.crashsim import CrashSimulator, RecordingFS
 from tests.crash.contract import judge, observe
 from tests.crash.workload import OPTIONS, START_TIME, Call, Ledger
 

@@ -35,8 +35,8 @@ from spool.framing import Frame, parse_frame
 from spool.fs import FileSystem
 from spool.options import load_settings
 from spool.queue_view import walk
-from spool.reader import check_segment_header, segment_salt
 from spool.records import Position
+from spool.segment_header import check_segment_header, segment_salt
 from spool.testing import FakeClock, deliver_all
 from tests.crash.workload import START_TIME, TUNING, Ledger
 

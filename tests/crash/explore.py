@@ -33,9 +33,9 @@ import attrs
 
 from spool import Spool
 from spool import format as fmt
-from spool.crashsim import CrashSimulator, RecordingFS, TreeState, Unit
 from spool.positions import decode_positions
 from spool.testing import FakeClock
+from spool.testing.crashsim import CrashSimulator, RecordingFS, TreeState, Unit
 from tests.crash.contract import (
     frame_owner,
     judge,

@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 
-from spool import bodies, check, options, outcomes, recovery
-from spool import spool as spool_mod
+from spool import bodies, body_keeping, check, checkpoints, operator, options, outcomes, recovery
+from spool.attempts import AttemptBook
+from spool.body_keeping import BodyKeeper
+from spool.checkpoints import Checkpointer
 from spool.fs import FileSystem
 from spool.reader import LogCursor
+from spool.scheduling import Scheduler
 from spool.writer import LogWriter
 
 Mutant = Callable[[pytest.MonkeyPatch], None]
@@ -61,64 +64,65 @@ def no_dirsync_for_new_segment(mp: pytest.MonkeyPatch) -> None:
 def positions_before_sync(mp: pytest.MonkeyPatch) -> None:
     """(P1) Restart positions are stored before the log they describe is synced."""
 
-    def checkpoint(self: spool_mod.Spool) -> Any:
-        with self._checkpoint_lock:
-            with self._lock:
-                self._check_open()
-                self._close_abandoned()
-                positions = self._capture_positions()
-                doomed, self._doomed_bodies = self._doomed_bodies, []
-            spool_mod.store_positions(self._fs, self.path, positions)  # before the sync
-            self._writer.sync()
+    def checkpoint(self: Checkpointer) -> Any:
+        state = self.state
+        with self.lock:
+            with state.lock:
+                state.check_open()
+                self.book.close_abandoned()
+                positions = self.capture_positions()
+                doomed, self.bodies.doomed = self.bodies.doomed, []
+            checkpoints.store_positions(state.fs, state.path, positions)  # before the sync
+            state.writer.sync()
             self._remove_bodies(doomed)
             self._collect_garbage(positions)
             return positions
 
-    mp.setattr(spool_mod.Spool, "checkpoint", checkpoint)
+    mp.setattr(Checkpointer, "checkpoint", checkpoint)
 
 
 def body_unlinked_early(mp: pytest.MonkeyPatch) -> None:
     """(B2) A body file is unlinked as soon as its message finishes, before the finish
     record is durable."""
-    original = spool_mod.Spool._release_body
+    original = BodyKeeper.release_body
 
-    def release(self: spool_mod.Spool, body: Any, msg_id: str) -> None:
+    def release(self: BodyKeeper, body: Any, msg_id: str) -> None:
         original(self, body, msg_id)
-        if self._doomed_bodies and self._doomed_bodies[-1] == msg_id:
-            self._doomed_bodies.pop()
+        if self.doomed and self.doomed[-1] == msg_id:
+            self.doomed.pop()
             with contextlib.suppress(FileNotFoundError):
-                self._fs.unlink(os.path.join(self._body_dir, msg_id))
-            self._fs.fsync_dir(self._body_dir)
+                self.state.fs.unlink(os.path.join(self.state.body_dir, msg_id))
+            self.state.fs.fsync_dir(self.state.body_dir)
 
-    mp.setattr(spool_mod.Spool, "_release_body", release)
+    mp.setattr(BodyKeeper, "release_body", release)
 
 
 def segment_deleted_early(mp: pytest.MonkeyPatch) -> None:
     """(P3) Retired segments are deleted before the positions retiring them are durable."""
-    original = spool_mod.Spool.checkpoint
+    original = Checkpointer.checkpoint
 
-    def checkpoint(self: spool_mod.Spool) -> Any:
-        store = spool_mod.store_positions
+    def checkpoint(self: Checkpointer) -> Any:
+        store = checkpoints.store_positions
 
         def store_after_delete(fs: FileSystem, root: str, positions: Any) -> None:
             self._collect_garbage(positions)
             store(fs, root, positions)
 
-        with _patched(spool_mod, "store_positions", store_after_delete):
+        with _patched(checkpoints, "store_positions", store_after_delete):
             return original(self)
 
-    mp.setattr(spool_mod.Spool, "checkpoint", checkpoint)
+    mp.setattr(Checkpointer, "checkpoint", checkpoint)
 
 
 def delivery_not_synced(mp: pytest.MonkeyPatch) -> None:
     """(W1) ``delivered()``/``failed()`` return before their delta is fdatasynced."""
-    original = spool_mod.Spool._report
+    original = AttemptBook.report
 
-    def report(self: spool_mod.Spool, *args: Any) -> None:
-        with _patched(self._writer, "wait_durable", lambda end: None):
+    def report(self: AttemptBook, *args: Any) -> None:
+        with _patched(self.state.writer, "wait_durable", lambda end: None):
             original(self, *args)
 
-    mp.setattr(spool_mod.Spool, "_report", report)
+    mp.setattr(AttemptBook, "report", report)
 
 
 def torn_tail_is_corruption(mp: pytest.MonkeyPatch) -> None:
@@ -140,14 +144,14 @@ def corruption_is_torn_tail(mp: pytest.MonkeyPatch) -> None:
 
 def replacement_drops_recipient(mp: pytest.MonkeyPatch) -> None:
     """The replacement envelope of a deferred message leaves one recipient out."""
-    original = spool_mod.Spool._settle
+    original = AttemptBook.settle
 
-    def settle(self: spool_mod.Spool, state: Any, now: float, reason: str) -> None:
-        if len(state.deferred) > 1:
-            state.deferred.pop(sorted(state.deferred)[0])
-        original(self, state, now, reason)
+    def settle(self: AttemptBook, flight: Any, now: float, reason: str) -> None:
+        if len(flight.deferred) > 1:
+            flight.deferred.pop(sorted(flight.deferred)[0])
+        original(self, flight, now, reason)
 
-    mp.setattr(spool_mod.Spool, "_settle", settle)
+    mp.setattr(AttemptBook, "settle", settle)
 
 
 def body_file_not_synced(mp: pytest.MonkeyPatch) -> None:
@@ -157,19 +161,20 @@ def body_file_not_synced(mp: pytest.MonkeyPatch) -> None:
     def write(fs: FileSystem, *args: Any, **kwargs: Any) -> Any:
         return original(_Dropping(fs, {"fdatasync"}), *args, **kwargs)
 
-    mp.setattr(spool_mod, "write_body_file", write)
+    mp.setattr(body_keeping, "write_body_file", write)  # accepts and promotions
+    mp.setattr(operator, "write_body_file", write)  # bodies a repair restores
 
 
 def uncounted_replacement(mp: pytest.MonkeyPatch) -> None:
     """A replacement envelope is appended without telling its runner (runners.py skips an
     idle class to the head on that count), so the runner may skip right past it."""
-    original = spool_mod.Spool._note_envelope
+    original = Scheduler.note_envelope
 
-    def note(self: spool_mod.Spool, klass: int, at: Any) -> None:
+    def note(self: Scheduler, klass: int, at: Any) -> None:
         if klass == 0:
             original(self, klass, at)
 
-    mp.setattr(spool_mod.Spool, "_note_envelope", note)
+    mp.setattr(Scheduler, "note_envelope", note)
 
 
 def recovery_does_not_sync_what_it_read(mp: pytest.MonkeyPatch) -> None:
@@ -180,22 +185,22 @@ def recovery_does_not_sync_what_it_read(mp: pytest.MonkeyPatch) -> None:
 
 def front_ignores_open_attempts(mp: pytest.MonkeyPatch) -> None:
     """(G1) The garbage front counts an open attempt's start record, not its envelope."""
-    original = spool_mod.Spool._capture_positions
+    original = Checkpointer.capture_positions
 
-    def capture(self: spool_mod.Spool) -> Any:
-        saved = self._in_flight
-        self._in_flight = {}  # the envelopes are not pinned; the start still counts below
+    def capture(self: Checkpointer) -> Any:
+        saved = self.book.in_flight
+        self.book.in_flight = {}  # the envelopes are not pinned; the start still counts below
         try:
             positions = original(self)
         finally:
-            self._in_flight = saved
+            self.book.in_flight = saved
         starts = [s.start_at for s in saved.values()]
         working = min([positions.working_start, *starts])
         import attrs
 
         return attrs.evolve(positions, working_start=working, front=min(positions.front, working))
 
-    mp.setattr(spool_mod.Spool, "_capture_positions", capture)
+    mp.setattr(Checkpointer, "capture_positions", capture)
 
 
 def acknowledgement_forgotten_when_read_past(mp: pytest.MonkeyPatch) -> None:
@@ -219,7 +224,7 @@ def open_forgets_the_outcome_setting(mp: pytest.MonkeyPatch) -> None:
     def resolve(recorded: dict[str, Any], given: dict[str, Any]) -> Any:
         return original({k: v for k, v in recorded.items() if k != "outcomes"}, given)
 
-    mp.setattr(spool_mod, "resolve_options", resolve)
+    mp.setattr(options, "resolve_options", resolve)
 
 
 def repair_holds_nothing(mp: pytest.MonkeyPatch) -> None:

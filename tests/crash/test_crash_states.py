@@ -6,7 +6,7 @@ followed by recovery and a power cut, and after media damage set right or set as
 ``spool check --repair``.
 
 Method (ALICE, LevelDB's fault-injection Env): run seeded, generated workloads through a
-recording file system (``spool.crashsim``); for every prefix of the I/O trace build the
+recording file system (``spool.testing.crashsim``); for every prefix of the I/O trace build the
 states the fault model (docs/fault-model.md) allows — un-synced writes lost, torn at
 512-byte sectors or kept in any combination, un-synced directory operations done or not —
 every combination where there are few, a seeded sample where there are many; recover each

@@ -8,7 +8,7 @@ Method: ``SpoolMatchesModel`` (tests/property) runs random accept / claim / deli
 fail / defer / hold / release / delete / retry-now / advance-clock / reopen steps against
 the spool and the model. Here the spool runs on a recording file system, and one more
 rule, ``crash_and_reopen``, builds the state a power cut leaves at that instant
-(``spool.crashsim``: un-synced writes dropped, kept, or torn, as drawn), opens the spool on
+(``spool.testing.crashsim``: un-synced writes dropped, kept, or torn, as drawn), opens the spool on
 that state (recovery), and tells the model what a crash means: open attempts end, their
 unreported recipients stay queued. When a message comes due again after a crash depends on
 which bookkeeping records survived (a lost start record means the old envelope is due;
@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from spool import Spool
-from spool.crashsim import CrashSimulator, RecordingFS
+from spool.testing.crashsim import CrashSimulator, RecordingFS
 from tests.crash.explore import scratch_base
 from tests.property.test_model import INTERVALS, SpoolMatchesModel
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spool import Spool
-from spool.crashsim import CrashSimulator, RecordingFS, Unit
 from spool.testing import FakeClock
+from spool.testing.crashsim import CrashSimulator, RecordingFS, Unit
 from tests.crash.contract import judge, observe
 from tests.crash.workload import OPTIONS, START_TIME, Call, Ledger
 

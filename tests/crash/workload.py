@@ -27,9 +27,9 @@ from typing import Any
 import attrs
 
 from spool import Attempt, Spool
-from spool.crashsim import RecordingFS, Trace
 from spool.errors import SpoolMisuse, UnknownMessage
 from spool.testing import FakeClock
+from spool.testing.crashsim import RecordingFS, Trace
 
 # The spool's settings for every workload: small segments (rollovers and deletions happen
 # after a few messages), small inline bodies (body files appear). Recorded in the spool.

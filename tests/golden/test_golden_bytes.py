@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spool import format as fmt
 from spool.framing import encode_frame
-from spool.writer import segment_header
+from spool.segment_header import segment_header
 
 SALT = 0x5A17CAFE  # the salt docs/format.md uses in its examples
 

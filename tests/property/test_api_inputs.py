@@ -119,7 +119,7 @@ def spool_with_traffic() -> Iterator[tuple[Spool, str, Any]]:
         assert attempt is not None and attempt.msg_id == flying
         yield sp, queued, attempt
     finally:
-        if not sp._closed:
+        if not sp.closed:
             sp.close()
         path = os.path.join(root, "spool")
         assert check_spool(path).clean, check_spool(path).problems

@@ -20,12 +20,12 @@ from spool import CorruptSpool, Spool
 from spool import format as fmt
 from spool import records as rec
 from spool.check import repair_spool
-from spool.crashsim import CrashSimulator, RecordingFS
 from spool.damage import RECORD_FRAME_MIN, _sized_marker
 from spool.fs import FileSystem
 from spool.queue_view import walk
 from spool.records import Position
 from spool.testing import FakeClock
+from spool.testing.crashsim import CrashSimulator, RecordingFS
 from tests.unit.test_recovery_edges import append_batch, frame_of, salt_of
 
 FS = FileSystem()

@@ -25,11 +25,11 @@ from spool.framing import Frame, encode_frame, padding_for
 from spool.fs import FileSystem
 from spool.options import SpoolOptions, store_settings
 from spool.positions import load_positions, store_positions
-from spool.reader import LogCursor, SkippedBody, segment_salt
+from spool.reader import LogCursor, SkippedBody
 from spool.records import Position
 from spool.recovery import RecoveredState, _incoming_files, recover
+from spool.segment_header import segment_header, segment_salt
 from spool.testing import FakeClock
-from spool.writer import segment_header
 
 FS = FileSystem()
 LONE_ID = "6B0357990E172DB3"  # the id of a message that was never accepted here

@@ -1,0 +1,103 @@
+"""The spool directory: creating and checking it, the archive directory, archiving.
+
+A spool directory is private to its owner (0700, owned by this user, nobody else may
+write it) and holds ``log/``, ``bodies/`` and ``incoming/`` (docs/format.md). Every
+directory made here is fsynced into its parent before anything is written inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+
+from spool import format as fmt
+from spool.errors import BadSpoolDirectory
+from spool.fs import FileSystem, read_file, write_file_durably
+
+
+def prepare_directory(fs: FileSystem, path: str) -> None:
+    """Create the spool directory (0700) or check an existing one is ours and private."""
+    try:
+        st = os.stat(path)
+    except NotADirectoryError:
+        raise BadSpoolDirectory(path, "a component of the path is not a directory") from None
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(parent, mode=0o755, exist_ok=True)
+            # A crash after this mkdir leaves an empty directory: a valid empty spool.
+            # The new name is durable only once its parent directory is fsynced (fault
+            # model 4); until then nothing is written inside, so a crash loses nothing
+            # acknowledged.
+            with contextlib.suppress(FileExistsError):  # another opener made it first
+                fs.mkdir(path, 0o700)
+            fs.fsync_dir(parent)
+        except OSError as exc:
+            raise BadSpoolDirectory(path, f"cannot create it: {exc.strerror or exc}") from exc
+        st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise BadSpoolDirectory(path, "exists and is not a directory")
+    if st.st_uid != os.geteuid():
+        raise BadSpoolDirectory(
+            path, f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+        )
+    if st.st_mode & 0o022:
+        raise BadSpoolDirectory(
+            path, f"mode {stat.S_IMODE(st.st_mode):04o} lets others write; chmod 700 it"
+        )
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise BadSpoolDirectory(path, "not writable by this user (read-only file system?)")
+    for sub in (fmt.LOG_DIR, fmt.BODY_DIR, fmt.INCOMING_DIR):
+        sub_path = os.path.join(path, sub)
+        if not os.path.isdir(sub_path):
+            # A crash before the fsync below may lose the new directory; the next open
+            # creates it again. Nothing is written into it before this fsync returns.
+            try:
+                with contextlib.suppress(FileExistsError):  # a racing opener made it
+                    fs.mkdir(sub_path, 0o700)
+                fs.fsync_dir(path)
+            except OSError as exc:
+                raise BadSpoolDirectory(
+                    path, f"cannot create {sub}/: {exc.strerror or exc}"
+                ) from exc
+
+
+def prepare_archive(fs: FileSystem, archive_dir: str) -> None:
+    """Create the archive directory (and its parents) if it does not exist yet."""
+    if os.path.isdir(archive_dir):
+        if not os.access(archive_dir, os.W_OK | os.X_OK):
+            raise BadSpoolDirectory(archive_dir, "the archive directory is not writable")
+        return
+    if os.path.exists(archive_dir):
+        raise BadSpoolDirectory(archive_dir, "the archive path exists and is not a directory")
+    parent = os.path.dirname(os.path.abspath(archive_dir))
+    try:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        # Nothing is archived into it before this returns; a crash before the parent's
+        # fsync may lose the new directory, and the next open creates it again.
+        fs.mkdir(archive_dir, 0o700)
+        fs.fsync_dir(parent)
+    except OSError as exc:
+        raise BadSpoolDirectory(
+            archive_dir, f"cannot create the archive directory: {exc.strerror or exc}"
+        ) from exc
+
+
+def archive_file(fs: FileSystem, path: str, archive_dir: str) -> None:
+    """Move a retired segment into ``archive_dir`` (rename, or copy+unlink across devices).
+
+    A crash midway leaves the segment in the log directory (retired, archived again by the
+    next checkpoint) and possibly a complete or partial copy in the archive, overwritten
+    then: the archive copy is fsynced before the original is unlinked.
+    """
+    target = os.path.join(archive_dir, os.path.basename(path))
+    try:
+        fs.rename(path, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        write_file_durably(fs, target, read_file(fs, path))
+        fs.unlink(path)
+    fs.fsync_dir(archive_dir)

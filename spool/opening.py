@@ -1,0 +1,174 @@
+"""Opening a spool: the directory, the owner lock, the settings, recovery, the pieces.
+
+``open_spool`` does what ``Spool.open`` promises, in this order: an archive directory the
+caller names must work; the spool directory is made or checked (``directory.py``); the
+owner lock is taken (``lock.py``); the options are resolved against the recorded settings
+and recorded if they changed (``options.py``); recovery runs (``recovery.py``); the pieces
+of the open spool are built on what it found; recovery's decisions are appended and made
+durable; the first checkpoint is written; the checkpoint thread starts. A failure at any
+step stops what was started and releases the lock, and raises the typed error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from typing import Any
+
+import attrs
+
+from spool import format as fmt
+from spool.attempts import AttemptBook
+from spool.body_keeping import BodyKeeper
+from spool.checkpoints import Checkpointer
+from spool.clock import Clock, SpoolTime
+from spool.directory import prepare_archive, prepare_directory
+from spool.errors import DiskFull, SpoolError, SpoolFailed
+from spool.fs import FileSystem
+from spool.lock import OwnerLock
+from spool.operator import OperatorDesk
+from spool.options import RECORDED, SpoolOptions, archive_path, options_for_open, store_settings
+from spool.outcome_desk import OutcomeDesk
+from spool.outcomes import OutcomeReader
+from spool.records import Position
+from spool.recovery import RecoveryReport, recover
+from spool.runners import Runner
+from spool.scheduling import Scheduler
+from spool.state import SpoolState
+from spool.writer import LogWriter
+
+
+@attrs.frozen
+class OpenedSpool:
+    """The pieces of an open spool, for the facade to hold."""
+
+    owner: OwnerLock
+    state: SpoolState
+    recovery: RecoveryReport
+    scheduler: Scheduler
+    bodies: BodyKeeper
+    book: AttemptBook
+    desk: OperatorDesk
+    outcome_desk: OutcomeDesk
+    checkpointer: Checkpointer
+
+
+def open_spool(path: str, fs: FileSystem, given: dict[str, Any], clock: Clock) -> OpenedSpool:
+    """Open (creating or recovering) the spool at ``path``; see the module docstring."""
+    named = given.get("archive_dir", RECORDED)
+    if named is not RECORDED and named is not None:
+        # An archive the caller names must work before anything is made or recorded.
+        prepare_archive(fs, os.path.normpath(os.path.join(path, os.fspath(named))))
+    prepare_directory(fs, path)
+    owner = OwnerLock(fs, os.path.join(path, fmt.LOCK_NAME), path)
+    started: list[Any] = []  # what a failed open must stop
+    try:
+        options, changed = options_for_open(fs, path, given)
+        archive = archive_path(path, options)
+        if archive is not None:
+            prepare_archive(fs, archive)  # refused before the settings are recorded
+        if changed:
+            try:
+                # Atomic (options.py): a crash leaves the old settings or the new ones.
+                store_settings(fs, path, options)
+            except OSError as exc:
+                raise SpoolFailed(
+                    f"recording the settings of {path} failed: {exc.strerror or exc}",
+                    exc.errno,
+                ) from exc
+        state = SpoolState(path, fs, options, SpoolTime(clock), archive)
+        try:
+            return _recover_and_start(owner, state, started, settings_changed=changed)
+        except OSError as exc:
+            raise _environment_error(f"recovering {path}", exc) from exc
+        except SpoolFailed as exc:
+            # The writer's own failure (recovery's records, the first checkpoint): a full
+            # disk is DiskFull here too, not "close and reopen".
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(
+                    f"no space left while recovering {path}: free some space and open it again"
+                ) from exc
+            raise
+    except BaseException:
+        # The checkpoint thread starts last, so a failed open never has one.
+        for part in started:
+            with contextlib.suppress(Exception):
+                part.close()
+        owner.release()
+        raise
+
+
+def _recover_and_start(
+    owner: OwnerLock, state: SpoolState, started: list[Any], settings_changed: bool
+) -> OpenedSpool:
+    options: SpoolOptions = state.options
+    found = recover(state.fs, state.path, options=options, clock=state.time.now)
+    # Everything recovery read was written by earlier opens, under their own clocks.
+    state.time.epoch = Position(found.next_segment, 0)
+    reader = OutcomeReader(state.fs, state.log_dir, found.outcome_front, found.outcome_acked)
+    started.append(reader)
+    runners = []
+    for k in range(options.last_class + 1):
+        runners.append(
+            Runner(
+                state.fs,
+                state.log_dir,
+                k,
+                options.interval(k),
+                k == options.last_class,
+                found.cursors[k],
+                state.time.written_at,
+            )
+        )
+        started.append(runners[-1])
+    scheduler = Scheduler(state, runners, found.superseded)
+    state.writer = LogWriter(
+        state.fs,
+        state.log_dir,
+        first_segment=found.next_segment,
+        segment_size=options.segment_size,
+        sync_every=options.sync_every,
+        sync_interval=options.sync_interval,
+        on_durable=scheduler.on_durable,
+    )
+    started.append(state.writer)
+    bodies = BodyKeeper(state, found.body_refs, found.incoming_named, found.bodies_to_remove)
+    book = AttemptBook(state, scheduler, bodies)
+    # The positions (which carry a copy of the settings) need writing at this open only
+    # if recovery or the settings changed what they describe.
+    checkpointer = Checkpointer(
+        state,
+        scheduler,
+        bodies,
+        book,
+        reader,
+        positions_current=found.positions_current and not settings_changed,
+    )
+    if found.to_write:
+        # Durable before the spool serves anything.
+        with state.lock:
+            end = book.append_recovered(found.to_write)
+        if end is not None:
+            state.writer.wait_durable(end)
+    checkpointer.checkpoint()
+    checkpointer.start_background()
+    return OpenedSpool(
+        owner=owner,
+        state=state,
+        recovery=found.report,
+        scheduler=scheduler,
+        bodies=bodies,
+        book=book,
+        desk=OperatorDesk(state, scheduler, bodies, book),
+        outcome_desk=OutcomeDesk(state, scheduler, bodies, reader),
+        checkpointer=checkpointer,
+    )
+
+
+def _environment_error(doing: str, exc: OSError) -> SpoolError:
+    """The typed error for an OSError of the disk: ``DiskFull`` when out of space (free some
+    and open again), ``SpoolFailed`` otherwise."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"no space left while {doing}: free some space and open it again")
+    return SpoolFailed(f"{doing} failed: {exc.strerror or exc}", exc.errno)

@@ -1,0 +1,319 @@
+"""Operator actions on queued messages: hold, release, delete, bounce, retry now.
+
+An action on a queued message supersedes its live envelope with a new one (held, released,
+due now) or ends it (delete: its pending recipients end ``deleted``, no bounce; bounce:
+they fail, so a bounce goes out). An action on a message in flight is a control record,
+durable on return, that the attempt's end applies (``attempts.py``) and that recovery
+applies if a crash ends the attempt first.
+
+Bulk actions walk the log once (``queue_view.py``) and act on each message under the
+spool's lock on its own, so deliveries go on meanwhile; one fsync covers them all.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable, Iterable
+from typing import Final
+
+import attrs
+
+from spool import format as fmt
+from spool import records as rec
+from spool.arguments import check_msg_id, check_text
+from spool.attempts import AttemptBook, InFlight
+from spool.bodies import write_body_file
+from spool.body_keeping import BodyKeeper
+from spool.errors import CorruptSpool, SpoolMisuse, UnknownMessage
+from spool.queue_view import QueueEntry, live_messages
+from spool.reader import read_frame_at
+from spool.records import Position
+from spool.recovery import resolve_body
+from spool.scheduling import Scheduler, encode_checked
+from spool.state import SpoolState
+
+DELETED_REPLY: Final = "message deleted by the operator (no bounce)"
+BOUNCED_REPLY: Final = "554 5.0.0 delivery cancelled by the operator"
+HELD_REASON: Final = "held by the operator"
+LOCATE_RETRIES: Final = 20  # walks of the log before a message that keeps moving is refused
+
+
+class OperatorAction(enum.Enum):
+    """What an operator can do to a queued message (``hold``, ``release``, ...)."""
+
+    HOLD = "hold"
+    RELEASE = "release"
+    DELETE = "delete"  # silently: no bounce (postsuper -d, exim -Mrm)
+    BOUNCE = "bounce"  # give up: the pending recipients fail, a bounce goes out (exim -Mg)
+    RETRY = "retry"
+
+
+# What an ended message's pending recipients become, with the reply a reason defaults to.
+ENDINGS: Final = {
+    OperatorAction.DELETE: (rec.DELETED, DELETED_REPLY),
+    OperatorAction.BOUNCE: (rec.FAILED, BOUNCED_REPLY),
+}
+
+
+# The control record that makes an action on a message in flight durable.
+IN_FLIGHT: Final = {
+    OperatorAction.HOLD: rec.IN_FLIGHT_HOLD,
+    OperatorAction.RELEASE: rec.IN_FLIGHT_RELEASE,
+    OperatorAction.DELETE: rec.IN_FLIGHT_DELETE,
+    OperatorAction.BOUNCE: rec.IN_FLIGHT_BOUNCE,
+}
+
+
+@attrs.frozen
+class ActionResult:
+    """What ``Spool.act`` did, message by message (ids in the order they were given)."""
+
+    changed: tuple[str, ...]  # the action took effect (durable)
+    unchanged: tuple[str, ...]  # nothing to do: already held, not deferred, ...
+    unknown: tuple[str, ...]  # not in the spool (never was, or finished)
+    refused: dict[str, str]  # the action does not apply (a release of mail not held): why
+
+
+@attrs.define
+class _ActionTally:
+    changed: list[str] = attrs.Factory(list)
+    unchanged: list[str] = attrs.Factory(list)
+    unknown: list[str] = attrs.Factory(list)
+    refused: dict[str, str] = attrs.Factory(dict)
+
+    def add(self, msg_id: str, changed: bool | int) -> None:
+        (self.changed if changed else self.unchanged).append(msg_id)
+
+    def freeze(self) -> ActionResult:
+        return ActionResult(
+            tuple(self.changed), tuple(self.unchanged), tuple(self.unknown), dict(self.refused)
+        )
+
+
+def default_reason(action: OperatorAction, reason: str | None) -> str | None:
+    """The reason an action records: the one given (checked), or the action's default.
+    ``SpoolMisuse`` for a reason an action does not take or that is not a valid text."""
+    if not isinstance(action, OperatorAction):
+        raise SpoolMisuse(f"action must be an OperatorAction, not {action!r}")
+    if reason is None:
+        if action is OperatorAction.HOLD:
+            return HELD_REASON
+        return ENDINGS[action][1] if action in ENDINGS else None
+    if action is OperatorAction.HOLD or action in ENDINGS:
+        return check_text(reason, f"{action.value} reason")
+    raise SpoolMisuse(f"{action.value} takes no reason")
+
+
+class OperatorDesk:
+    """Applies operator actions to the messages of one open spool."""
+
+    def __init__(
+        self, state: SpoolState, scheduler: Scheduler, bodies: BodyKeeper, book: AttemptBook
+    ) -> None:
+        self.state = state
+        self.scheduler = scheduler
+        self.bodies = bodies
+        self.book = book
+
+    def act(
+        self,
+        action: OperatorAction,
+        msg_ids: Iterable[str] | None,
+        where: Callable[[QueueEntry], bool] | None,
+        reason: str | None,
+    ) -> ActionResult:
+        """``Spool.act``: the arguments are checked before anything is written. Takes the
+        lock once per message; waits for one fsync at the end."""
+        state = self.state
+        state.check_process()
+        reason = default_reason(action, reason)
+        wanted: list[str] | None = None
+        if msg_ids is not None:
+            if isinstance(msg_ids, str | bytes):
+                raise SpoolMisuse("msg_ids must be a list of message ids, not one string")
+            wanted = [check_msg_id(m) for m in msg_ids]
+        if where is not None and not callable(where):
+            raise SpoolMisuse(f"where must be a test of a QueueEntry, not {where!r}")
+        result = _ActionTally()
+        todo: list[str] = []
+        end: Position | None = None
+        for _ in range(LOCATE_RETRIES):
+            state.check_open()
+            state.writer.sync()
+            entries = live_messages(state.fs, state.path, state.options.class_intervals())
+            names, todo = (list(entries) if wanted is None else wanted), []
+            for msg_id in dict.fromkeys(names):  # each once, in the order given
+                entry = entries.get(msg_id)
+                with state.lock:
+                    state.check_open()
+                    flight = self.book.in_flight.get(msg_id)
+                    if where is not None and (entry is None or not where(entry)):
+                        if entry is None and flight is None:
+                            result.unknown.append(msg_id)
+                        continue
+                    try:
+                        if flight is not None:
+                            written = self._mark_in_flight(flight, action, reason)
+                        elif entry is None:
+                            result.unknown.append(msg_id)
+                            continue
+                        elif not self._still_live(entry):
+                            todo.append(msg_id)  # a runner took it meanwhile: look again
+                            continue
+                        else:
+                            written = self._supersede(entry, action, reason)
+                    except SpoolMisuse as exc:
+                        if msg_ids is None:
+                            result.unchanged.append(msg_id)  # not named: it does not apply
+                        else:
+                            result.refused[msg_id] = str(exc)
+                        continue
+                if written is not None:
+                    end = written
+                result.add(msg_id, written is not None)
+            if not todo:
+                break
+            wanted = todo
+        for msg_id in todo:
+            result.refused[msg_id] = "it kept changing under the operator action; try again"
+        if end is not None:
+            state.writer.wait_durable(end)
+        return result.freeze()
+
+    def one(self, msg_id: str, action: OperatorAction, reason: str | None) -> int:
+        """One message's action (``hold``, ...): 1 if something changed, else 0."""
+        check_msg_id(msg_id)
+        result = self.act(action, [msg_id], None, reason)
+        if result.unknown:
+            raise UnknownMessage(msg_id)
+        if result.refused:
+            raise SpoolMisuse(result.refused[msg_id])
+        return len(result.changed)
+
+    def _still_live(self, entry: QueueEntry) -> bool:
+        """Whether ``entry`` is still the message's live envelope. Lock held."""
+        if entry.state == "active" or entry.envelope_at in self.scheduler.superseded:
+            return False
+        return self.scheduler.runner_of(entry.klass).cursor <= entry.envelope_at
+
+    def _mark_in_flight(
+        self, flight: InFlight, action: OperatorAction, reason: str | None
+    ) -> Position | None:
+        """Record an action on a message in flight; return the end to wait for (None: nothing
+        to do). The attempt's end applies it (``AttemptBook.settle``); until then a control
+        record makes it durable, and recovery applies it if a crash ends the attempt first.
+        Lock held."""
+        if action is OperatorAction.RETRY:
+            return None  # it is being attempted right now
+        if action is OperatorAction.RELEASE and flight.hold is None:
+            raise SpoolMisuse(f"{flight.envelope.msg_id} is not held")
+        part = encode_checked(
+            rec.Control(
+                IN_FLIGHT[action], flight.envelope.msg_id, self.state.now(), why=reason or ""
+            )
+        )
+        # A crash before this record is durable loses the action with the call that
+        # asked for it (it had not returned); the attempt's own records settle as usual.
+        _, end = self.scheduler.append([part], None)
+        if action is OperatorAction.HOLD:
+            flight.hold = reason
+        elif action in ENDINGS:
+            assert reason is not None
+            flight.delete = (ENDINGS[action][0], reason)
+        else:
+            flight.hold = None
+        return end
+
+    def _supersede(
+        self, entry: QueueEntry, action: OperatorAction, reason: str | None
+    ) -> Position | None:
+        """Write the record(s) an operator action needs; return the end to wait for.
+
+        Everything the action writes is built and encoded before the envelope is marked
+        superseded or a body pin is released, so a refused record changes nothing.
+        Lock held.
+        """
+        state = self.state
+        pos = entry.envelope_at
+        frame = read_frame_at(state.fs, state.log_dir, pos)
+        path = os.path.join(state.log_dir, fmt.segment_name(pos.segment))
+        env = rec.decode_stored(frame.type, frame.payload, path, pos.offset)
+        if not isinstance(env, rec.Envelope):
+            raise CorruptSpool(
+                path,
+                pos.offset,
+                "the queue view named a record that is not an envelope",
+            )
+        now = state.now()
+        env = state.accepted_as_of_now(pos, env)
+        last_class = state.options.last_class
+        if action in ENDINGS:
+            assert reason is not None
+            flight = self.book.start(pos, env, frame.size, now)
+            self.scheduler.superseded.add(pos)
+            flight.delete = (ENDINGS[action][0], reason)
+            self.book.settle(flight, now, f"{action.value}d by the operator")
+            state.counts["deleted"] += 1
+            return state.writer.tail
+        if action is OperatorAction.HOLD:
+            if env.held is not None:
+                return None
+            new = attrs.evolve(env, held=reason, klass=last_class)
+        elif action is OperatorAction.RELEASE:
+            if env.held is None:
+                raise SpoolMisuse(f"{env.msg_id} is not held")
+            new = attrs.evolve(env, held=None, klass=0, crashes=0)
+        else:
+            if env.held is not None or env.klass == 0:
+                return None  # held, or already due now
+            new = attrs.evolve(env, klass=0)
+        old = resolve_body(env, pos, frame.size)
+        body, promoted = old, None
+        if new.held is not None:
+            body, promoted = self.bodies.promote(env, old, new.klass, new.held, now)
+        new = attrs.evolve(new, written_at=now, supersedes=pos, body=body, promoted_from=promoted)
+        part = encode_checked(new)
+        self.scheduler.superseded.add(pos)
+        _, end = self.scheduler.append([part], new.klass)
+        if promoted is not None:
+            self.bodies.promoted(old, env.msg_id, end)
+        state.cond.notify_all()
+        return end
+
+    def restore_envelope(
+        self, env: rec.Envelope, data: bytes, replaces: Position, reason: str
+    ) -> None:
+        """Queue ``env`` again, held with ``reason``, its body ``data`` in a body file.
+
+        For ``spool check --repair`` only: ``env`` was read from a record that failed its
+        check (``replaces`` is where the repair's marker now stands) and nothing after it
+        carries the message on. It may hold the damage, so it waits, held, for the
+        operator. It supersedes what ``env`` superseded (so no earlier envelope comes back
+        to life, and the attempt it closed is settled), or the marker for a first envelope.
+        The body goes to a file so that no segment pin is involved (the pin of a body whose
+        first envelope was lost was never counted). Durable on return.
+        """
+        state = self.state
+        state.check_process()
+        reason = check_text(reason, "hold reason")
+        # (B1) The body file is durable before the envelope naming it is appended.
+        body = write_body_file(state.fs, state.incoming_dir, env.msg_id, data, replace=True)
+        with state.lock:
+            state.check_open()
+            new = attrs.evolve(
+                env,
+                body=body,
+                held=reason,
+                klass=state.options.last_class,
+                written_at=state.now(),
+                crashes=0,
+                supersedes=env.supersedes or replaces,
+                promoted_from=None,
+            )
+            part = encode_checked(new)
+            if new.supersedes is not None:
+                self.scheduler.superseded.add(new.supersedes)  # ahead of its runner, maybe
+            _, end = self.scheduler.append([part], new.klass)
+            self.bodies.staged[env.msg_id] = end
+        state.writer.wait_durable(end)
