@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import time
 from collections.abc import Iterable
 from typing import Final
 
@@ -26,7 +27,7 @@ import attrs
 
 from spool import records as rec
 from spool.addresses import needs_smtputf8
-from spool.arguments import check_text
+from spool.arguments import check_seconds, check_text
 from spool.bodies import read_body
 from spool.body_keeping import BodyKeeper
 from spool.errors import AttemptExpired, SpoolClosed, SpoolMisuse
@@ -35,6 +36,7 @@ from spool.recovery import resolve_body, successor_envelope
 from spool.runners import NotDue
 from spool.scheduling import Scheduler
 from spool.state import SpoolState
+from spool.writer import WAIT_MAX
 
 UNREPORTED_REPLY: Final = "451 4.4.0 delivery attempt ended without a result"
 EXPIRED_REPLY: Final = "554 5.4.7 message expired: too long in the queue"
@@ -153,6 +155,36 @@ class AttemptBook:
         self.abandoned: collections.deque[InFlight] = collections.deque()
 
     # --- starting ----------------------------------------------------------------------
+
+    def claim(self, timeout: float | None) -> Attempt | None:
+        """``Spool.claim``: the next due message as an ``Attempt``, waiting up to
+        ``timeout`` seconds for one. Takes the lock itself (and lets go of it to sync)."""
+        st = self.state
+        st.check_process()
+        deadline = time.monotonic() + check_seconds(timeout, "timeout")
+        synced = False
+        while True:
+            with st.lock:
+                st.check_open()
+                self.close_abandoned()
+                attempt_or_wake = self.claim_next()
+                if isinstance(attempt_or_wake, Attempt):
+                    return attempt_or_wake
+                behind = st.writer.durable < st.writer.tail
+                left = deadline - time.monotonic()
+                # One flush per call is enough for (R1); more would only add fsyncs while
+                # other threads keep appending (later flushes wake this wait anyway).
+                if not behind or synced:
+                    if left <= 0:
+                        return None
+                    if attempt_or_wake is not None:
+                        left = min(left, max(0.001, attempt_or_wake - st.now()))
+                    st.cond.wait(min(left, WAIT_MAX))
+                    continue
+            # Runners read only the durable log. Replacement envelopes are written without
+            # waiting; when nothing else is due, flush them so due mail is never missed.
+            st.writer.sync()
+            synced = True
 
     def claim_next(self) -> Attempt | float | None:
         """Start an attempt, or return when the next envelope is due (None: no work known).

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from spool import records as rec
 from spool.bodies import read_inline_body, write_body_file
 from spool.errors import CorruptSpool, DiskFull, SpoolError, SpoolFailed
+from spool.positions import pin_body, unpin_body
 from spool.records import Position
 from spool.state import SpoolState
 
@@ -60,7 +61,7 @@ class BodyKeeper:
 
     def pin_inline(self, segment: int) -> None:
         """A new message's inline body lies in ``segment``."""
-        self.body_refs[segment] = self.body_refs.get(segment, 0) + 1
+        pin_body(self.body_refs, segment)
 
     def reserve_space(self, need: int) -> None:
         """Refuse (``DiskFull``) an accept that would leave less than ``min_free_bytes``;
@@ -208,11 +209,7 @@ class BodyKeeper:
         if body.kind == rec.BODY_INLINE:
             if body.at is None:
                 raise AssertionError("inline body reference not resolved")
-            seg = body.at.segment
-            # Never below zero, never a KeyError: a count that is already 0 (a spool whose
-            # pins were rebuilt by a full scan that could not see every first envelope)
-            # must not stop the spool; an undercount can only keep segments longer.
-            self.body_refs[seg] = max(self.body_refs.get(seg, 0) - 1, 0)
+            unpin_body(self.body_refs, body.at.segment)
         else:
             # Unlinked at the next checkpoint, after the finish record is durable.
             self.doomed.append(msg_id)

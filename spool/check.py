@@ -178,28 +178,27 @@ def check_spool(
     """Verify the spool at ``path`` end to end; see the module docstring."""
     fs = fs or FileSystem()
     for _ in range(CHECK_PASSES):
-        before = _fingerprint(path)
+        before = _fingerprint(fs, path)
         report = _check_once(fs, path, progress)
-        if _fingerprint(path) == before:
+        if _fingerprint(fs, path) == before:
             return report
-    return only_certain(report, path)
+    return only_certain(report, path, fs)
 
 
-def _fingerprint(path: str) -> tuple[object, ...]:
+def _fingerprint(fs: FileSystem, path: str) -> tuple[object, ...]:
     """What a check compares, as it stands now: the positions, the segments and their
     sizes, the body files. Equal before and after a pass: nothing moved under it."""
 
     def listing(directory: str, sizes: bool) -> tuple[tuple[str, int], ...]:
         out = []
         with contextlib.suppress(OSError):
-            for entry in os.scandir(directory):
+            for name in fs.listdir(directory):
                 with contextlib.suppress(OSError):
-                    out.append((entry.name, entry.stat().st_size if sizes else 0))
+                    out.append((name, fs.file_size(os.path.join(directory, name)) if sizes else 0))
         return tuple(sorted(out))
 
     try:
-        with open(os.path.join(path, fmt.POSITIONS_NAME), "rb") as f:
-            positions = f.read()
+        positions = read_file(fs, os.path.join(path, fmt.POSITIONS_NAME))
     except OSError:
         positions = b""
     return (
@@ -210,14 +209,15 @@ def _fingerprint(path: str) -> tuple[object, ...]:
     )
 
 
-def only_certain(report: CheckReport, path: str) -> CheckReport:
+def only_certain(report: CheckReport, path: str, fs: FileSystem | None = None) -> CheckReport:
     """``report`` of a spool that changed under every pass: the findings a running owner
     explains (anything at or past the durable end the positions named when the pass
     began, the positions, body files, orphans, what recovery would refuse) become
     uncertain; damage in the durable log and a damaged settings file stay problems."""
     end = report.durable_end
     log_dir = os.path.join(path, fmt.LOG_DIR)
-    present = list_segments(FileSystem(), log_dir) if os.path.isdir(log_dir) else []
+    fs = fs or FileSystem()
+    present = list_segments(fs, log_dir) if fs.is_dir(log_dir) else []
 
     def durable(segment: int, offset: int) -> bool:
         return end is not None and Position(segment, offset) < end
@@ -230,7 +230,7 @@ def only_certain(report: CheckReport, path: str) -> CheckReport:
         number = fmt.parse_segment_name(os.path.basename(problem.path))
         if number is None:
             return False
-        if not os.path.exists(problem.path):
+        if not fs.exists(problem.path):
             # An owner deletes segments from the front only: a gap above a segment that
             # is still there is damage, one at the front its garbage collection.
             return any(n < number for n in present)
@@ -260,7 +260,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     # The positions first: everything before their consistent end is on disk, whatever
     # an owner appends or starts while the log is walked.
     positions = load_positions(fs, path)
-    segments = list_segments(fs, log_dir) if os.path.isdir(log_dir) else []
+    segments = list_segments(fs, log_dir) if fs.is_dir(log_dir) else []
     kept = unretired(segments, positions)
     retired = tuple(s for s in segments if s not in kept)
     if retired:
@@ -315,7 +315,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         attrs.evolve(r, sup=tuple(walk.lost_starts.get((r.segment, r.start), ()))) for r in regions
     ]
     _report_unfinished_repairs(affected, problems, notes)
-    present = _body_files(path)
+    present = _body_files(fs, path)
     affected.extend(_envelopes_lost_with_files(present - live, regions, affected))
     named = {a.msg_id for a in affected if a.verdict is not Verdict.RECORDS_LOST}
     for_bounces = walk.awaiting_ack & present
@@ -352,7 +352,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         affected=tuple(affected),
         bad_body_files=tuple(bad_files),
         bad_settings=bad_settings,
-        bad_positions=os.path.exists(os.path.join(path, fmt.POSITIONS_NAME)) and positions is None,
+        bad_positions=fs.exists(os.path.join(path, fmt.POSITIONS_NAME)) and positions is None,
         missing_segments=tuple(missing),
         retired_segments=retired,
         durable_end=positions.consistent if positions is not None else None,
@@ -467,20 +467,20 @@ def _check_pairs(scan: SegmentScan, path: str, problems: list[Problem]) -> None:
     # (``_dry_run_recovery``) reports.
 
 
-def _body_files(root: str) -> set[str]:
+def _body_files(fs: FileSystem, root: str) -> set[str]:
     """The names of the body files in incoming/ and bodies/ (incoming/ listed first: a
     file moving from there meanwhile is then seen in bodies/)."""
     names: set[str] = set()
     for sub in (fmt.INCOMING_DIR, fmt.BODY_DIR):
         with contextlib.suppress(FileNotFoundError):
-            names.update(os.listdir(os.path.join(root, sub)))
+            names.update(fs.listdir(os.path.join(root, sub)))
     return names
 
 
-def _body_path(root: str, msg_id: str) -> str:
+def _body_path(fs: FileSystem, root: str, msg_id: str) -> str:
     """Where the body file of ``msg_id`` is now: incoming/ or bodies/."""
     staged, settled = body_file_paths(root, msg_id)
-    return staged if os.path.exists(staged) else settled
+    return staged if fs.exists(staged) else settled
 
 
 def _check_bodies(
@@ -569,7 +569,7 @@ def _check_positions(
     problems: list[Problem],
 ) -> None:
     pos_path = os.path.join(path, fmt.POSITIONS_NAME)
-    if not os.path.exists(pos_path):
+    if not fs.exists(pos_path):
         return
     if positions is None:
         problems.append(
@@ -681,7 +681,7 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
     log_dir = os.path.join(root, fmt.LOG_DIR)
     body_dir = os.path.join(root, fmt.BODY_DIR)
     corrupt = os.path.join(root, fmt.CORRUPT_DIR)
-    if not os.path.isdir(corrupt):
+    if not fs.is_dir(corrupt):
         fs.mkdir(corrupt, 0o700)
         fs.fsync_dir(root)
     damaged = sorted(
@@ -703,14 +703,14 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
         done.append(f"copied {src} to {copies[seg]}")
     moved = False
     for msg_id in report.bad_body_files:
-        src = _body_path(root, msg_id)
-        if os.path.exists(src):
+        src = _body_path(fs, root, msg_id)
+        if fs.exists(src):
             target = os.path.join(corrupt, f"body.{msg_id}.{stamp}.bad")
             fs.rename(src, target)
             done.append(f"moved the damaged body file {src} to {target}")
             moved = True
     for msg_id in report.orphan_bodies:
-        src = _body_path(root, msg_id)
+        src = _body_path(fs, root, msg_id)
         target = os.path.join(corrupt, f"body.{msg_id}.{stamp}.orphan")
         fs.rename(src, target)
         done.append(f"moved orphan body file {src} to {target}")
@@ -718,8 +718,8 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
     for a in report.affected:
         # A message whose envelope was lost may still have a body file: keep its data (move
         # it when nothing live names it; copy it when recovery will finish the message).
-        src = _body_path(root, a.msg_id)
-        if a.verdict is Verdict.ENVELOPE_LOST and os.path.exists(src):
+        src = _body_path(fs, root, a.msg_id)
+        if a.verdict is Verdict.ENVELOPE_LOST and fs.exists(src):
             target = os.path.join(corrupt, f"body.{a.msg_id}.{stamp}.lost-envelope")
             if a.live:
                 _copy_durably(fs, src, target, corrupt)
@@ -740,7 +740,7 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
     if damaged or report.missing_segments:
         _finish_retirement(fs, root, report.retired_segments, done)
         src = os.path.join(root, fmt.POSITIONS_NAME)
-        if os.path.exists(src):
+        if fs.exists(src):
             # (X2) Before any segment changes: the next open scans the whole log, markers
             # included.
             fs.rename(src, os.path.join(corrupt, f"positions.{stamp}"))
@@ -749,7 +749,7 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
     if moved:
         fs.fsync_dir(corrupt)
         fs.fsync_dir(body_dir)
-        if os.path.isdir(os.path.join(root, fmt.INCOMING_DIR)):
+        if fs.is_dir(os.path.join(root, fmt.INCOMING_DIR)):
             fs.fsync_dir(os.path.join(root, fmt.INCOMING_DIR))
         fs.fsync_dir(root)
     regions = {seg: [r for r in report.regions if r.segment == seg] for seg in damaged}

@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from spool.recovery import recover
 from spool.spool import OperatorAction, Spool
 
 F = TypeVar("F", bound=Callable[..., Any])
+DISK = FileSystem()  # every look at the disk goes through the seam, as in the package
 DIR = click.argument("directory", type=click.Path(file_okay=False))
 JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 AGE_BUCKETS = (5, 10, 20, 40, 80, 160, 320, 640, 1280)  # minutes, as qshape's
@@ -137,11 +139,11 @@ def handle_errors(func: F) -> F:
 
 def recorded_options(directory: str) -> SpoolOptions:
     """The owner's options as the spool recorded them (its settings; tuning left default)."""
-    return resolve_options(load_settings(FileSystem(), directory), {})
+    return resolve_options(load_settings(DISK, directory), {})
 
 
 def require_spool(directory: str) -> None:
-    if not os.path.isdir(os.path.join(directory, fmt.LOG_DIR)):
+    if not DISK.is_dir(os.path.join(directory, fmt.LOG_DIR)):
         fail(f"{directory} is not a spool (no {fmt.LOG_DIR}/ directory)")
 
 
@@ -187,7 +189,7 @@ def recover_cmd(directory: str, dry_run: bool, as_json: bool) -> None:
         report = sp.recovery
         sp.close()
     corrupt_dir = os.path.join(directory, fmt.CORRUPT_DIR)
-    quarantined = len(os.listdir(corrupt_dir)) if os.path.isdir(corrupt_dir) else 0
+    quarantined = len(DISK.listdir(corrupt_dir)) if DISK.is_dir(corrupt_dir) else 0
     if as_json:
         emit_json({**to_jsonable(report), "dry_run": dry_run, "quarantined_files": quarantined})
         return
@@ -216,15 +218,15 @@ main.add_command(recover_cmd, name="recover")
 def dry_run_recovery(directory: str) -> Any:
     """Run the recovery scan and decisions without the writes (needs no owner running)."""
     lock_path = os.path.join(directory, fmt.LOCK_NAME)
-    fd = os.open(lock_path, os.O_RDONLY) if os.path.exists(lock_path) else None
+    fd = DISK.open(lock_path, os.O_RDONLY) if DISK.exists(lock_path) else None
     try:
         if fd is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError:
-                raise SpoolLocked(directory, read_owner_pid(lock_path)) from None
+                raise SpoolLocked(directory, read_owner_pid(lock_path, DISK)) from None
         state = recover(
-            FileSystem(),
+            DISK,
             directory,
             options=recorded_options(directory),
             clock=time.time,
@@ -233,7 +235,7 @@ def dry_run_recovery(directory: str) -> Any:
         return state.report
     finally:
         if fd is not None:
-            os.close(fd)
+            DISK.close(fd)
 
 
 @main.command()
@@ -254,7 +256,7 @@ def check(directory: str, repair: bool, as_json: bool) -> None:
       spool check --repair var/spool
     """
     require_spool(directory)
-    segments = len(os.listdir(os.path.join(directory, fmt.LOG_DIR)))
+    segments = len(DISK.listdir(os.path.join(directory, fmt.LOG_DIR)))
     if sys.stdout.isatty() and not as_json:
         with click.progressbar(length=segments, label="checking segments") as bar:
             report = check_spool(directory, progress=bar.update)
@@ -358,7 +360,7 @@ def list_cmd(
     now = time.time()
     intervals = recorded_options(directory).class_intervals()
     entries = sorted(
-        live_messages(FileSystem(), directory, intervals).values(),
+        live_messages(DISK, directory, intervals).values(),
         key=lambda e: (e.accepted_at, e.msg_id),
     )
     shown = [e for e in entries if matches(e, sender, recipient, held, older_than, now)]
@@ -407,7 +409,7 @@ def show(directory: str, msg_id: str, data: bool, as_json: bool) -> None:
       spool show var/spool 6B49D2000F5A1C33
     """
     require_spool(directory)
-    fs = FileSystem()
+    fs = DISK
     records = history(fs, directory, msg_id)
     if not records:
         fail(f"no message {msg_id} in {directory}")
@@ -485,7 +487,7 @@ def stats(directory: str, as_json: bool) -> None:
     require_spool(directory)
     now = time.time()
     intervals = recorded_options(directory).class_intervals()
-    entries = list(live_messages(FileSystem(), directory, intervals).values())
+    entries = list(live_messages(DISK, directory, intervals).values())
     by_state = collections.Counter(e.state for e in entries)
     by_class = collections.Counter(e.klass for e in entries)
     shape: dict[str, list[int]] = collections.defaultdict(lambda: [0] * (len(AGE_BUCKETS) + 1))
@@ -495,7 +497,7 @@ def stats(directory: str, as_json: bool) -> None:
         for r in e.recipients:
             shape[r.rpartition("@")[2].lower()][bucket] += 1
     disk = disk_use(directory)
-    positions = load_positions(FileSystem(), directory)
+    positions = load_positions(DISK, directory)
     pos_info = (
         None
         if positions is None
@@ -507,7 +509,7 @@ def stats(directory: str, as_json: bool) -> None:
             "written_at": positions.written_at,
         }
     )
-    segments = len(os.listdir(os.path.join(directory, fmt.LOG_DIR)))
+    segments = len(DISK.listdir(os.path.join(directory, fmt.LOG_DIR)))
     if as_json:
         emit_json(
             {
@@ -559,7 +561,8 @@ def disk_use(directory: str) -> dict[str, int]:
 
     def size(path: str) -> int:
         try:
-            return os.path.getsize(path) if os.path.isfile(path) else 0
+            found = DISK.stat(path)
+            return found.st_size if stat.S_ISREG(found.st_mode) else 0
         except FileNotFoundError:
             return 0
 
@@ -572,9 +575,9 @@ def disk_use(directory: str) -> dict[str, int]:
     )
     for kind, sub in places:
         path = os.path.join(directory, sub)
-        if os.path.isdir(path):
-            out[kind] += sum(size(os.path.join(path, n)) for n in os.listdir(path))
-    for name in os.listdir(directory):
+        if DISK.is_dir(path):
+            out[kind] += sum(size(os.path.join(path, n)) for n in DISK.listdir(path))
+    for name in DISK.listdir(directory):
         out["other"] += size(os.path.join(directory, name))
     return out
 
@@ -617,7 +620,7 @@ def dump(
 def records_from(
     directory: str, segment: int | None, start: Position | None
 ) -> Iterator[tuple[Position, rec.Record | None, Any]]:
-    for pos, record, frame in walk(FileSystem(), directory, skip_bodies=False):
+    for pos, record, frame in walk(DISK, directory, skip_bodies=False):
         if segment is not None and pos.segment != segment:
             if pos.segment > segment:
                 return

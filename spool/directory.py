@@ -20,13 +20,13 @@ from spool.fs import FileSystem, read_file, write_file_durably
 def prepare_directory(fs: FileSystem, path: str) -> None:
     """Create the spool directory (0700) or check an existing one is ours and private."""
     try:
-        st = os.stat(path)
+        st = fs.stat(path)
     except NotADirectoryError:
         raise BadSpoolDirectory(path, "a component of the path is not a directory") from None
     except FileNotFoundError:
         parent = os.path.dirname(os.path.abspath(path))
         try:
-            os.makedirs(parent, mode=0o755, exist_ok=True)
+            fs.makedirs(parent, 0o755)
             # A crash after this mkdir leaves an empty directory: a valid empty spool.
             # The new name is durable only once its parent directory is fsynced (fault
             # model 4); until then nothing is written inside, so a crash loses nothing
@@ -36,7 +36,7 @@ def prepare_directory(fs: FileSystem, path: str) -> None:
             fs.fsync_dir(parent)
         except OSError as exc:
             raise BadSpoolDirectory(path, f"cannot create it: {exc.strerror or exc}") from exc
-        st = os.stat(path)
+        st = fs.stat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise BadSpoolDirectory(path, "exists and is not a directory")
     if st.st_uid != os.geteuid():
@@ -47,11 +47,11 @@ def prepare_directory(fs: FileSystem, path: str) -> None:
         raise BadSpoolDirectory(
             path, f"mode {stat.S_IMODE(st.st_mode):04o} lets others write; chmod 700 it"
         )
-    if not os.access(path, os.W_OK | os.X_OK):
+    if not fs.access(path, os.W_OK | os.X_OK):
         raise BadSpoolDirectory(path, "not writable by this user (read-only file system?)")
     for sub in (fmt.LOG_DIR, fmt.BODY_DIR, fmt.INCOMING_DIR):
         sub_path = os.path.join(path, sub)
-        if not os.path.isdir(sub_path):
+        if not fs.is_dir(sub_path):
             # A crash before the fsync below may lose the new directory; the next open
             # creates it again. Nothing is written into it before this fsync returns.
             try:
@@ -66,15 +66,15 @@ def prepare_directory(fs: FileSystem, path: str) -> None:
 
 def prepare_archive(fs: FileSystem, archive_dir: str) -> None:
     """Create the archive directory (and its parents) if it does not exist yet."""
-    if os.path.isdir(archive_dir):
-        if not os.access(archive_dir, os.W_OK | os.X_OK):
+    if fs.is_dir(archive_dir):
+        if not fs.access(archive_dir, os.W_OK | os.X_OK):
             raise BadSpoolDirectory(archive_dir, "the archive directory is not writable")
         return
-    if os.path.exists(archive_dir):
+    if fs.exists(archive_dir):
         raise BadSpoolDirectory(archive_dir, "the archive path exists and is not a directory")
     parent = os.path.dirname(os.path.abspath(archive_dir))
     try:
-        os.makedirs(parent, mode=0o700, exist_ok=True)
+        fs.makedirs(parent, 0o700)
         # Nothing is archived into it before this returns; a crash before the parent's
         # fsync may lose the new directory, and the next open creates it again.
         fs.mkdir(archive_dir, 0o700)

@@ -131,20 +131,49 @@ class Scanner:
     """Turns a stream of bytes into frames; fed with ``feed``, pulled with ``next``.
 
     Does no I/O. After a ``BadFrame`` the scanner stays at the bad bytes: what to do next
-    is the caller's decision. ``salt`` is the segment's (0 for version 1).
+    is the caller's decision. ``salt`` is the segment's (0 for version 1). Offsets are
+    those of the stream: ``start`` is the offset of the first byte fed (the log reader
+    feeds a segment file from where it starts reading, so offsets are file offsets).
+    ``seek`` moves to another offset: inside what was fed, the bytes are kept; outside,
+    they are dropped and the next ``feed`` must bring the bytes from there (``end``).
+    This is the one frame buffer of the package: ``reader.LogCursor`` reads through it.
     """
 
-    def __init__(self, salt: int = 0) -> None:
-        self._buf = bytearray()
-        self._pos = 0
+    def __init__(self, salt: int = 0, start: int = 0) -> None:
+        self._buf = b""
+        self._base = start  # the stream offset of _buf[0]
+        self._pos = 0  # the next frame's index in _buf
         self._salt = salt
 
+    @property
+    def position(self) -> int:
+        """The stream offset of the next frame."""
+        return self._base + self._pos
+
+    @property
+    def end(self) -> int:
+        """The stream offset just past the bytes fed: where the next ``feed`` continues."""
+        return self._base + len(self._buf)
+
     def feed(self, data: bytes) -> None:
-        """Append bytes to the stream."""
-        if self._pos > 65536 and self._pos * 2 > len(self._buf):
-            del self._buf[: self._pos]
+        """Append bytes to the stream (the bytes from ``end`` on)."""
+        if self._pos:
+            self._buf = self._buf[self._pos :]
+            self._base += self._pos
             self._pos = 0
         self._buf += data
+
+    def seek(self, offset: int) -> None:
+        """Make ``offset`` the position of the next frame."""
+        if self._base <= offset <= self.end:
+            self._pos = offset - self._base
+        else:
+            self._buf, self._base, self._pos = b"", offset, 0
+
+    def peek(self) -> tuple[int, int] | BadFrame | _NeedData:
+        """(type, total size) of the next frame from its header, CRC not checked (see
+        ``peek_header``): to step over a frame whose payload is not needed."""
+        return peek_header(self._buf, self._pos)
 
     def next(self) -> Frame | BadFrame | _NeedData:
         """The next frame, ``NEED_DATA``, or ``BadFrame`` (without consuming it)."""

@@ -74,6 +74,26 @@ class FileSystem:
     def size(self, fd: int) -> int:
         return os.fstat(fd).st_size
 
+    def file_size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def stat(self, path: str) -> os.stat_result:
+        return os.stat(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def access(self, path: str, mode: int) -> bool:
+        """os.access: whether this user may ``mode`` (os.W_OK, ...) ``path``."""
+        return os.access(path, mode)
+
+    def makedirs(self, path: str, mode: int) -> None:
+        """Make ``path`` and its missing parents (outside a spool: its parent directories)."""
+        os.makedirs(path, mode=mode, exist_ok=True)
+
     def free_bytes(self, path: str) -> int:
         """Bytes available to this user on the file system holding ``path``."""
         st = os.statvfs(path)

@@ -21,14 +21,13 @@ import fcntl
 import os
 
 from spool.errors import BadSpoolDirectory, SpoolLocked
-from spool.fs import FileSystem
+from spool.fs import FileSystem, read_file
 
 
-def read_owner_pid(lock_path: str) -> int | None:
+def read_owner_pid(lock_path: str, fs: FileSystem | None = None) -> int | None:
     """The pid recorded in a lock file, or None if absent or unreadable."""
     try:
-        with open(lock_path, "rb") as f:
-            text = f.read(32).decode("ascii", "replace").strip()
+        text = read_file(fs or FileSystem(), lock_path)[:32].decode("ascii", "replace").strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None
@@ -51,7 +50,7 @@ class OwnerLock:
         except OSError as exc:
             fs.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise SpoolLocked(spool_path, read_owner_pid(lock_path)) from None
+                raise SpoolLocked(spool_path, read_owner_pid(lock_path, fs)) from None
             raise
         self._fd: int | None = fd
         # Advisory only (see module docstring); not fsynced on purpose, and a failure to

@@ -53,6 +53,34 @@ class OpenedSpool:
     outcome_desk: OutcomeDesk
     checkpointer: Checkpointer
 
+    def close(self) -> None:
+        """``Spool.close``: close the attempts in flight (their unreported recipients
+        deferred), write a last checkpoint, stop the threads, release the lock. Goes on
+        past a failed spool (recovery defers those attempts instead), so the lock is
+        always released."""
+        st = self.state
+        if os.getpid() != st.pid:
+            # A forked child: the files, the lock and the threads are the parent's. Touch
+            # nothing (an unlock here would unlock the parent: flock belongs to the open
+            # file description both share); just stop this copy from being used.
+            st.closed = True
+            return
+        with st.lock:
+            if st.closed:
+                return
+            with contextlib.suppress(SpoolError):
+                self.book.close_all()
+        with contextlib.suppress(SpoolError):
+            self.checkpointer.checkpoint()
+        with st.lock:
+            st.closed = True
+            st.cond.notify_all()
+        self.checkpointer.join()
+        st.writer.close()
+        self.scheduler.close()
+        self.outcome_desk.reader.close()
+        self.owner.release()
+
 
 def open_spool(path: str, fs: FileSystem, given: dict[str, Any], clock: Clock) -> OpenedSpool:
     """Open (creating or recovering) the spool at ``path``; see the module docstring."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 import attrs
@@ -115,6 +115,21 @@ class OperatorDesk:
         self.scheduler = scheduler
         self.bodies = bodies
         self.book = book
+
+    def listing(self) -> Iterator[QueueEntry]:
+        """``Spool.list``: the live messages, oldest first, those in flight shown active.
+        Syncs first (the walk reads the durable log), then walks without the lock."""
+        state = self.state
+        state.check_process()
+        state.check_open()
+        state.writer.sync()
+        entries = live_messages(state.fs, state.path, state.options.class_intervals())
+        with state.lock:
+            active = set(self.book.in_flight)
+        for entry in sorted(entries.values(), key=lambda e: (e.accepted_at, e.msg_id)):
+            if entry.msg_id in active and entry.state != "active":
+                entry = attrs.evolve(entry, state="active")
+            yield entry
 
     def act(
         self,

@@ -267,7 +267,8 @@ TUNING: Final = (
     "checkpoint_every",
     "attempt_timeout",
 )
-assert set(SETTINGS) | set(TUNING) == {a.name for a in attrs.fields(SpoolOptions)}
+OPTION_NAMES: Final = SETTINGS + TUNING
+assert set(OPTION_NAMES) == {a.name for a in attrs.fields(SpoolOptions)}
 
 
 def resolve_options(recorded: dict[str, Any], given: dict[str, Any]) -> SpoolOptions:
@@ -288,7 +289,7 @@ def options_for_open(fs: FileSystem, root: str, given: dict[str, Any]) -> tuple[
     directory) is known to work, so a refused open changes nothing."""
     recorded = load_settings(fs, root)
     options = resolve_options(recorded, given)
-    has_file = os.path.exists(os.path.join(root, fmt.SETTINGS_NAME))
+    has_file = fs.exists(os.path.join(root, fmt.SETTINGS_NAME))
     changed = not has_file or resolve_options(recorded, {}).settings() != options.settings()
     return options, changed
 

@@ -35,6 +35,21 @@ from spool.records import Position, RecordError
 POSITIONS_VERSION = 1
 
 
+def pin_body(pins: dict[int, int], segment: int) -> None:
+    """Count one more live message whose body is inline in ``segment``."""
+    pins[segment] = pins.get(segment, 0) + 1
+
+
+def unpin_body(pins: dict[int, int], segment: int) -> None:
+    """Count one fewer, never below zero: a count that is already 0 (the pin of a body
+    whose first envelope was never counted: a full scan that could not see it, or damage
+    a repair set aside) must not stop the spool or cancel another message's pin. An
+    undercount could free a live body's segment; this keeps the error on the side of
+    keeping segments longer. The open spool (``body_keeping.py``) and recovery's replay
+    (``recovery.py``) count through these two, so the two counts agree."""
+    pins[segment] = max(pins.get(segment, 0) - 1, 0)
+
+
 @attrs.frozen
 class RestartPositions:
     """Everything recovery needs to avoid scanning the whole log.

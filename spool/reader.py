@@ -29,7 +29,7 @@ import attrs
 
 from spool import format as fmt
 from spool.errors import CorruptSpool
-from spool.framing import NEED_DATA, BadFrame, Frame, parse_frame, peek_header
+from spool.framing import NEED_DATA, BadFrame, Frame, Scanner, parse_frame, peek_header
 from spool.fs import FileSystem
 from spool.records import Position
 from spool.segment_header import check_segment_header, header_blank, segment_salt
@@ -163,8 +163,7 @@ class LogCursor:
         self._fd: int | None = None
         self._fd_segment = 0
         self._salt = 0
-        self._buf = b""
-        self._buf_offset = 0
+        self._scanner = Scanner()
         self._size = -1
         self._limit: Position | None = None
         self._live = live
@@ -179,6 +178,10 @@ class LogCursor:
     def path(self, segment: int) -> str:
         return os.path.join(self._dir, fmt.segment_name(segment))
 
+    def file_size(self, segment: int) -> int:
+        """The size of ``segment``'s file now."""
+        return self._fs.file_size(self.path(segment))
+
     def _open(self, segment: int) -> bool:
         """Open ``segment`` (validating its header); False if the file does not exist."""
         self.close()
@@ -188,7 +191,6 @@ class LogCursor:
         except FileNotFoundError:
             return False
         self._fd, self._fd_segment = fd, segment
-        self._buf, self._buf_offset = b"", 0
         self._size = -1  # the file's size when last asked (it only grows)
         header = self._fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
         problem = check_segment_header(header, segment, path)
@@ -204,6 +206,7 @@ class LogCursor:
         self._salt = segment_salt(header)
         if self.position.offset < fmt.SEGMENT_HEADER_SIZE:
             self.position = Position(segment, fmt.SEGMENT_HEADER_SIZE)
+        self._scanner = Scanner(self._salt, self.position.offset)
         return True
 
     def _bad(self, at: Position, reason: str, file_size: int) -> None:
@@ -245,12 +248,13 @@ class LogCursor:
         data = self._fs.pread(self._fd, file_size - first, first)
         return looks_torn(data, first, offset, self._salt)
 
-    def _fill(self, offset: int, need: int) -> None:
+    def _read_more(self, need: int) -> None:
+        """Feed the scanner at least ``need`` more bytes of the open segment (fewer only
+        at the end of the file), in chunks of ``chunk_size``."""
         assert self._fd is not None
-        size = max(self._chunk, need)
-        self._buf = self._fs.pread(self._fd, size, offset)
-        self._buf_offset = offset
-        self.bytes_read += len(self._buf)
+        data = self._fs.pread(self._fd, max(self._chunk, need), self._scanner.end)
+        self._scanner.feed(data)
+        self.bytes_read += len(data)
 
     def next(self, limit: Position | None = None) -> tuple[Position, Frame | SkippedBody] | None:
         """The next frame and its position, or None at ``limit`` / end of the log.
@@ -286,30 +290,38 @@ class LogCursor:
                     return None
                 # End of this segment: the next one must exist, unless this is the last.
                 nxt = Position(pos.segment + 1, 0)
-                if not os.path.exists(self.path(nxt.segment)):
+                if not self._fs.exists(self.path(nxt.segment)):
                     return None
                 self.position = nxt
                 continue
-            rel = pos.offset - self._buf_offset
-            if rel < 0 or rel >= len(self._buf):
-                self._fill(pos.offset, fmt.FRAME_HEADER_SIZE)
-                rel = 0
+            scanner = self._scanner
+            if scanner.position != pos.offset:
+                scanner.seek(pos.offset)  # a caller moved the cursor, or a frame was refused
             if self._skip_bodies:
-                head = peek_header(self._buf, rel)
+                head = scanner.peek()
+                if head is NEED_DATA:
+                    self._read_more(fmt.FRAME_HEADER_SIZE)
+                    head = scanner.peek()
                 if isinstance(head, tuple) and head[0] == fmt.T_BODY:
                     if pos.offset + head[1] > end_in_file:
                         self._bad(pos, "truncated body frame", end_in_file)
+                    scanner.seek(pos.offset + head[1])
                     self.position = Position(pos.segment, pos.offset + head[1])
                     return pos, SkippedBody(head[1])
-            result = parse_frame(self._buf, rel, self._salt)
-            if result is NEED_DATA:
+            result = scanner.next()
+            while result is NEED_DATA:
+                # The scanner holds less than the frame: read on, unless the file (or the
+                # limit) ends inside it. Two rounds at most: the header, then the rest.
                 available = end_in_file - pos.offset
-                head = peek_header(self._buf, rel)
+                head = scanner.peek()
                 need = head[1] if isinstance(head, tuple) else fmt.FRAME_HEADER_SIZE
                 if need > available:
                     self._bad(pos, f"truncated frame ({available} of {need} bytes)", end_in_file)
-                self._fill(pos.offset, need)
-                result = parse_frame(self._buf, 0, self._salt)
+                before = scanner.end
+                self._read_more(pos.offset + need - before)
+                if scanner.end == before:
+                    raise AssertionError(f"{self.path(pos.segment)} read nothing at {before}")
+                result = scanner.next()
             if isinstance(result, BadFrame):
                 self._bad(pos, result.reason, end_in_file)
             assert isinstance(result, Frame)

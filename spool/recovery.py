@@ -43,7 +43,7 @@ from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem, read_file, write_file_durably
 from spool.options import SpoolOptions
-from spool.positions import RestartPositions, load_positions, unretired
+from spool.positions import RestartPositions, load_positions, pin_body, unpin_body, unretired
 from spool.reader import LogCursor, SkippedBody, TornTail, list_segments, read_frame_at
 from spool.records import Position
 
@@ -213,7 +213,7 @@ def recover(
     if not segments:
         first = Position(1, fmt.SEGMENT_HEADER_SIZE)
         # No log: no envelope names any file in incoming/ (a crash during the first accept).
-        _, orphans = _incoming_files(root, set(), [])
+        _, orphans = _incoming_files(fs, root, set(), [])
         report = RecoveryReport(False, None, 0, 0, 0, 0, 0, 0, 0, None, 0, 0.0, len(orphans))
         return RecoveredState(
             1, 1, [first] * n_classes, set(), {}, first, set(), orphans, [], [], report
@@ -307,7 +307,7 @@ def recover(
     low = min(cursors)
     superseded = {p for p in superseded if p >= low}
     to_write, held = _decide_all(fs, log_dir, working, damaged, segments[0], options, clock())
-    named, orphans = _incoming_files(root, named_files, damaged)
+    named, orphans = _incoming_files(fs, root, named_files, damaged)
     dead_bodies.extend(orphans)
     live = [w.start_at for w in working.values() if not w.settled]
     report = RecoveryReport(
@@ -358,7 +358,7 @@ def recover(
 
 
 def _incoming_files(
-    root: str, named_files: set[str], damaged: list[tuple[Position, int]]
+    fs: FileSystem, root: str, named_files: set[str], damaged: list[tuple[Position, int]]
 ) -> tuple[list[str], list[str]]:
     """The body files in incoming/ that a scanned envelope names, and the orphans.
 
@@ -373,7 +373,7 @@ def _incoming_files(
     """
     incoming = os.path.join(root, fmt.INCOMING_DIR)
     try:
-        names = sorted(os.listdir(incoming))
+        names = sorted(fs.listdir(incoming))
     except FileNotFoundError:
         return [], []
     named = [n for n in names if n in named_files]
@@ -481,7 +481,7 @@ def _unpaired_envelope(
     env_at, _env, _size = awaiting
     if env_at < consistent or env_at.segment != newest:
         raise CorruptSpool(cursor.path(env_at.segment), env_at.offset, "envelope without its body")
-    file_size = os.path.getsize(cursor.path(env_at.segment))
+    file_size = cursor.file_size(env_at.segment)
     reason = torn.reason if torn is not None else "log ends after an envelope"
     return TornTail(env_at, file_size, f"{reason}: cut with the envelope it belongs to")
 
@@ -511,11 +511,9 @@ def _apply(
             if w is not None:
                 w.settled = True
             if after_consistent and record.promoted_from is not None:
-                seg = record.promoted_from.segment
-                body_refs[seg] = body_refs.get(seg, 0) - 1
+                unpin_body(body_refs, record.promoted_from.segment)
         elif after_consistent and record.body.kind == rec.BODY_INLINE:
-            body_at = Position(pos.segment, pos.offset + size)
-            body_refs[body_at.segment] = body_refs.get(body_at.segment, 0) + 1
+            pin_body(body_refs, pos.segment)  # the BODY frame follows the envelope
     elif isinstance(record, rec.Finish):
         w = working.get(record.msg_id)
         if w is not None:
@@ -523,7 +521,7 @@ def _apply(
         # The inline body is released: named by the finish, or copied from as it finished.
         inline = record.body.at if record.body.kind == rec.BODY_INLINE else record.promoted_from
         if after_consistent and inline is not None:
-            body_refs[inline.segment] = body_refs.get(inline.segment, 0) - 1
+            unpin_body(body_refs, inline.segment)
 
 
 # What the rest of a message's recipients become after an operator ended it in flight.
@@ -726,7 +724,7 @@ def _quarantine_tail(fs: FileSystem, root: str, path: str, at: Position) -> None
     if not tail.strip(b"\0"):
         return
     corrupt = os.path.join(root, fmt.CORRUPT_DIR)
-    if not os.path.isdir(corrupt):
+    if not fs.is_dir(corrupt):
         fs.mkdir(corrupt, 0o700)
     name = os.path.join(corrupt, f"{os.path.basename(path)}.{at.offset}.torn")
     # A crash before these syncs may lose the copy; the tail is still in the segment (it

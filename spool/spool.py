@@ -9,8 +9,9 @@ The facade holds the lock (``state.py``) and delegates each concern to one piece
 its own module and each running under that lock: scheduling (``scheduling.py``), bodies
 and free space (``body_keeping.py``), the attempt lifecycle (``attempts.py``), checkpoints
 and garbage collection (``checkpoints.py``), operator actions (``operator.py``) and
-outcomes (``outcome_desk.py``). What stays here is opening and closing, ``accept`` and
-``claim``.
+outcomes (``outcome_desk.py``); ``opening.py`` builds them and closes them. What stays
+here is the public surface: the options of ``open``, the docstrings users read, and one
+delegation per method.
 
 Commit points (docs/design.md numbers the invariants):
     ``accept`` returns after the fdatasync covering the envelope (and its inline body, or
@@ -36,39 +37,19 @@ Errors:
 from __future__ import annotations
 
 import builtins
-import contextlib
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
-
-import attrs
+from typing import Any, TypeVar
 
 from spool import records as rec
 from spool.accepting import Acceptor
 from spool.arguments import check_msg_id, check_seconds, check_text
-from spool.attempts import (
-    EXPIRED_REPLY,
-    UNREPORTED_REPLY,
-    Attempt,
-    MessageEnvelope,
-)
+from spool.attempts import EXPIRED_REPLY, UNREPORTED_REPLY, Attempt, MessageEnvelope
 from spool.clock import Clock, SystemClock, as_clock
-from spool.errors import (
-    SpoolClosed,
-    SpoolError,
-    SpoolMisuse,
-    UnknownMessage,
-)
+from spool.errors import SpoolClosed, SpoolMisuse, UnknownMessage
 from spool.fs import FileSystem
 from spool.opening import open_spool
-from spool.operator import (
-    BOUNCED_REPLY,
-    DELETED_REPLY,
-    HELD_REASON,
-    ActionResult,
-    OperatorAction,
-)
+from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
 from spool.options import (
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_CHECKPOINT_EVERY,
@@ -76,6 +57,7 @@ from spool.options import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_SYNC_EVERY,
     DEFAULT_SYNC_INTERVAL,
+    OPTION_NAMES,
     RECORDED,
     Recorded,
     SpoolOptions,
@@ -83,11 +65,10 @@ from spool.options import (
 )
 from spool.outcomes import MessageOutcome
 from spool.positions import RestartPositions
-from spool.queue_view import QueueEntry, history, live_messages
+from spool.queue_view import QueueEntry, history
 from spool.records import Position
 from spool.recovery import RecoveryReport
 from spool.statistics import SpoolStatistics, collect_statistics
-from spool.writer import WAIT_MAX
 
 __all__ = [
     "BOUNCED_REPLY",
@@ -143,24 +124,8 @@ class Spool:
         ``fs`` is the file-system seam.
         Raises ``SpoolMisuse`` for an invalid option before touching the directory.
         """
-        given: dict[str, Any] = {
-            "retry_intervals": retry_intervals,
-            "max_lifetime": max_lifetime,
-            "crash_limit": crash_limit,
-            "outcomes": outcomes,
-            "archive_dir": archive_dir,
-            "segment_size": segment_size,
-            "inline_body_max": inline_body_max,
-            "max_message_size": max_message_size,
-            "max_recipients": max_recipients,
-            "min_free_bytes": min_free_bytes,
-            "max_in_flight": max_in_flight,
-            "sync_every": sync_every,
-            "sync_interval": sync_interval,
-            "checkpoint_interval": checkpoint_interval,
-            "checkpoint_every": checkpoint_every,
-            "attempt_timeout": attempt_timeout,
-        }
+        # The options as named above (``locals()`` is read here, in ``open``'s scope).
+        given: dict[str, Any] = {k: v for k, v in locals().items() if k in OPTION_NAMES}
         resolve_options({}, given)  # every value checked before the directory is touched
         if clock is None:
             clock = SystemClock()
@@ -178,10 +143,8 @@ class Spool:
         self.path = path
         opened = open_spool(path, fs, given, clock)
         self.recovery: RecoveryReport = opened.recovery
-        self._owner = opened.owner
+        self._opened = opened
         self._state = opened.state
-        self._scheduler = opened.scheduler
-        self._bodies = opened.bodies
         self._book = opened.book
         self._desk = opened.desk
         self._outcome_desk = opened.outcome_desk
@@ -231,43 +194,11 @@ class Spool:
         With ``timeout`` (seconds) waits that long for work to become due. Fair between
         fresh and deferred mail; never hands a message to two attempts at once.
         """
-        st = self._state
-        st.check_process()
-        deadline = time.monotonic() + check_seconds(timeout, "timeout")
-        synced = False
-        while True:
-            with st.lock:
-                st.check_open()
-                self._book.close_abandoned()
-                attempt_or_wake = self._book.claim_next()
-                if isinstance(attempt_or_wake, Attempt):
-                    return attempt_or_wake
-                behind = st.writer.durable < st.writer.tail
-                left = deadline - time.monotonic()
-                # One flush per call is enough for (R1); more would only add fsyncs while
-                # other threads keep appending (later flushes wake this wait anyway).
-                if not behind or synced:
-                    if left <= 0:
-                        return None
-                    if attempt_or_wake is not None:
-                        left = min(left, max(0.001, attempt_or_wake - st.now()))
-                    st.cond.wait(min(left, WAIT_MAX))
-                    continue
-            # Runners read only the durable log. Replacement envelopes are written without
-            # waiting; when nothing else is due, flush them so due mail is never missed.
-            st.writer.sync()
-            synced = True
+        return self._book.claim(timeout)
 
     def attempts(self, poll: float = 1.0) -> Iterator[Attempt]:
         """Yield attempts forever, until the spool closes (for worker loops)."""
-        check_seconds(poll, "poll")
-        while True:
-            try:
-                attempt = self.claim(timeout=poll)
-            except SpoolClosed:
-                return
-            if attempt is not None:
-                yield attempt
+        return _until_closed(self.claim, poll)
 
     # --- checkpoints and outcomes (checkpoints.py, outcome_desk.py) -------------------
 
@@ -290,14 +221,7 @@ class Spool:
 
     def outcomes(self, poll: float = 1.0) -> Iterator[MessageOutcome]:
         """Yield outcomes forever, until the spool closes."""
-        check_seconds(poll, "poll")
-        while True:
-            try:
-                outcome = self.next_outcome(timeout=poll)
-            except SpoolClosed:
-                return
-            if outcome is not None:
-                yield outcome
+        return _until_closed(self.next_outcome, poll)
 
     def ack_outcome(self, msg_id: str) -> None:
         """Acknowledge an outcome handed out by ``next_outcome``. Durable on return.
@@ -319,14 +243,7 @@ class Spool:
 
     def list(self) -> Iterator[QueueEntry]:
         """The live messages (walks the live part of the log; for operators, not hot paths)."""
-        self.sync()
-        entries = live_messages(self._state.fs, self.path, self.options.class_intervals())
-        with self._state.lock:
-            active = set(self._book.in_flight)
-        for entry in sorted(entries.values(), key=lambda e: (e.accepted_at, e.msg_id)):
-            if entry.msg_id in active and entry.state != "active":
-                entry = attrs.evolve(entry, state="active")
-            yield entry
+        return self._desk.listing()
 
     def show(self, msg_id: str) -> builtins.list[tuple[Position, rec.Record]]:
         """Every record of ``msg_id`` still in the log. ``UnknownMessage`` if there is none."""
@@ -415,33 +332,30 @@ class Spool:
         Not needed for safety (crash-only: a kill is as good as a close), but a clean
         close leaves nothing in flight for the next open to recover.
         """
-        st = self._state
-        if os.getpid() != st.pid:
-            # A forked child: the files, the lock and the threads are the parent's. Touch
-            # nothing (an unlock here would unlock the parent: flock belongs to the open
-            # file description both share); just stop this copy from being used.
-            st.closed = True
-            return
-        with st.lock:
-            if st.closed:
-                return
-            # On a failed spool these records cannot be written; recovery defers the
-            # attempts instead, so close goes on and releases the lock.
-            with contextlib.suppress(SpoolError):
-                self._book.close_all()
-        with contextlib.suppress(SpoolError):
-            self._checkpointer.checkpoint()
-        with st.lock:
-            st.closed = True
-            st.cond.notify_all()
-        self._checkpointer.join()
-        st.writer.close()
-        self._scheduler.close()
-        self._outcome_desk.reader.close()
-        self._owner.release()
+        self._opened.close()
 
     def __enter__(self) -> Spool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+T = TypeVar("T")
+
+
+def _until_closed(take: Callable[[float], T | None], poll: float) -> Iterator[T]:
+    """What ``take(poll)`` returns, for ever, until the spool closes; ``poll`` checked
+    at the call, not at the first ``next``."""
+    check_seconds(poll, "poll")
+
+    def generate() -> Iterator[T]:
+        while True:
+            try:
+                item = take(poll)
+            except SpoolClosed:
+                return
+            if item is not None:
+                yield item
+
+    return generate()

@@ -251,7 +251,7 @@ def test_disk_full_refuses_new_mail_but_deliveries_go_on(spool_dir: str) -> None
     with Spool.open(spool_dir, fs=fs, min_free_bytes=10**6) as sp:
         sp.accept("alice@example.org", RCPTS, DATA)
         fs.free = 10
-        sp._bodies.free_checked_at = -1.0  # do not wait for the free-space cache to expire
+        sp._opened.bodies.free_checked_at = -1.0  # do not wait for the free-space cache to expire
         before = tree_snapshot(spool_dir)
         with pytest.raises(DiskFull, match="452"):
             sp.accept("alice@example.org", RCPTS, DATA)

@@ -76,3 +76,74 @@ def test_a_frame_checks_only_with_the_salt_of_its_segment() -> None:
     assert parse_frame(frame, 0, 0x5A17CAFE) == Frame(fmt.T_START, b"a record", len(frame))
     for other in (0, 0x5A17CAFF, 1):
         assert parse_frame(frame, 0, other) == BadFrame("checksum mismatch")
+
+
+def test_scanner_offsets_are_stream_offsets_from_its_start() -> None:
+    first, second = encode_frame(fmt.T_START, b"one"), encode_frame(fmt.T_DELTA, b"two")
+    scanner = Scanner(start=4096)
+    assert (scanner.position, scanner.end) == (4096, 4096)
+    scanner.feed(first + second[:5])
+    assert scanner.end == 4096 + len(first) + 5
+    assert scanner.peek() == (fmt.T_START, len(first))
+    assert isinstance(scanner.next(), Frame)
+    assert scanner.position == 4096 + len(first)
+    assert scanner.peek() is NEED_DATA  # only 5 bytes of the next header
+    scanner.feed(second[5:])
+    assert scanner.next() == Frame(fmt.T_DELTA, b"two", len(second))
+    assert scanner.position == scanner.end
+
+
+def test_scanner_seek_inside_the_fed_bytes_keeps_them_and_outside_drops_them() -> None:
+    frames = [encode_frame(fmt.T_ENVELOPE, bytes([n]) * n) for n in range(1, 6)]
+    stream = b"".join(frames)
+    starts = [sum(map(len, frames[:i])) for i in range(len(frames))]
+    scanner = Scanner()
+    scanner.feed(stream)
+    scanner.seek(starts[3])  # forward, inside
+    assert scanner.next() == Frame(fmt.T_ENVELOPE, b"\x04" * 4, len(frames[3]))
+    scanner.seek(starts[1])  # back, inside (nothing fed since)
+    assert scanner.next() == Frame(fmt.T_ENVELOPE, b"\x02" * 2, len(frames[1]))
+    scanner.seek(len(stream) + 100)  # past the end: the next feed starts there
+    assert (scanner.position, scanner.end) == (len(stream) + 100, len(stream) + 100)
+    assert scanner.next() is NEED_DATA
+    scanner.feed(frames[0])
+    assert scanner.next() == Frame(fmt.T_ENVELOPE, b"\x01", len(frames[0]))
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(TYPES), st.binary(max_size=300)), max_size=12),
+    st.lists(st.integers(1, 700), min_size=1, max_size=40),
+)
+def test_scanner_read_in_any_chunks_and_stepping_over_bodies_sees_every_frame(
+    records: list[tuple[int, bytes]], chunks: list[int]
+) -> None:
+    """What the log reader does: feed chunks of any size from ``end``, step over BODY
+    frames by ``seek`` on their header alone, parse the rest; every frame comes out once,
+    at its own offset."""
+    start = fmt.SEGMENT_HEADER_SIZE
+    encoded = [encode_frame(t, p, 77) for t, p in records]
+    stream = b"".join(encoded)
+    expected = []
+    offset = start
+    for (ftype, payload), frame in zip(records, encoded, strict=True):
+        expected.append((offset, ftype, b"" if ftype == fmt.T_BODY else payload))
+        offset += len(frame)
+    scanner = Scanner(77, start)
+    got = []
+    turn = 0
+    while scanner.position < start + len(stream):
+        head = scanner.peek()
+        if isinstance(head, tuple) and head[0] == fmt.T_BODY:
+            got.append((scanner.position, fmt.T_BODY, b""))
+            scanner.seek(scanner.position + head[1])
+            continue
+        at = scanner.position
+        result = scanner.next()
+        if isinstance(result, Frame):
+            got.append((at, result.type, result.payload))
+            continue
+        assert result is NEED_DATA
+        size = chunks[turn % len(chunks)]
+        turn += 1
+        scanner.feed(stream[scanner.end - start : scanner.end - start + size])
+    assert got == expected

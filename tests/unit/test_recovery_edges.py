@@ -398,8 +398,8 @@ def test_a_spool_without_incoming_or_with_damage_keeps_its_body_files(
     (incoming / "6B49D20054D06D28").write_bytes(b"left by a crash")
     damaged = [(Position(1, fmt.SEGMENT_HEADER_SIZE), 64)]
     # Damage a repair set aside may have held the envelope naming it: kept for `check`.
-    assert _incoming_files(spool_dir, set(), damaged) == ([], [])
-    assert _incoming_files(spool_dir, set(), []) == ([], ["6B49D20054D06D28"])
+    assert _incoming_files(FileSystem(), spool_dir, set(), damaged) == ([], [])
+    assert _incoming_files(FileSystem(), spool_dir, set(), []) == ([], ["6B49D20054D06D28"])
     assert recover_dry(spool_dir, clock).bodies_to_remove == ["6B49D20054D06D28"]
 
 
