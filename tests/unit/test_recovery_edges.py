@@ -447,3 +447,30 @@ def test_damage_to_a_synced_body_frame_is_reported_whatever_the_retry_classes(
         attempt = sp.claim()
         assert attempt is not None
         attempt.read_data()
+
+
+def test_an_acknowledgement_before_the_positions_is_known_and_removes_nothing(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    """An attempt still open keeps the working suffix before an acknowledgement that the
+    positions already cover: recovery reads it again, counts the outcome acknowledged, and
+    does not name its body again (the checkpoint after the acknowledgement removed it)."""
+    sp = Spool.open(spool_dir, clock=clock, outcomes=True)
+    try:
+        slow = sp.accept("a@example.org", ["r1@example.net"], b"slow")
+        quick = sp.accept("a@example.org", ["r2@example.net"], b"quick")
+        held_open = sp.claim()
+        assert held_open is not None and held_open.msg_id == slow
+        with sp.claim() as attempt:
+            assert attempt is not None and attempt.msg_id == quick
+            attempt.failed(["r2@example.net"], "550 5.1.1 no such user")
+        outcome = sp.next_outcome()
+        assert outcome is not None and outcome.msg_id == quick
+        sp.ack_outcome(quick)
+        sp.checkpoint()
+        found = recover_dry(spool_dir, clock)
+        assert found.working_at and min(found.working_at) < load_positions(FS, spool_dir).consistent
+        assert quick in found.outcome_acked
+        assert quick not in found.bodies_to_remove
+    finally:
+        sp.close()
