@@ -2,8 +2,8 @@
 
 The public API is what this module exports (``records`` for the records ``Spool.show``
 returns, ``Position`` and ``RestartPositions`` for where they are); everything else is
-internal. See README.md
-for an embedding example and docs/ for the design, the format and the fault model.
+internal. See README.md for an embedding example and docs/ for the design, the format
+and the fault model.
 """
 
 from spool import records
