@@ -42,6 +42,7 @@ class Checkpointer:
         book: AttemptBook,
         outcomes: OutcomeReader,
         positions_current: bool,
+        oldest_segment: int,
     ) -> None:
         self.state = state
         self.scheduler = scheduler
@@ -51,6 +52,9 @@ class Checkpointer:
         self.lock = threading.Lock()  # one checkpoint at a time; taken before state.lock
         # Whether the positions on disk still describe the log (nothing happened since).
         self.positions_current = positions_current
+        # The oldest segment on disk at open: while the positions are current, a front
+        # past it means segments to free, which only new positions may do (P2, P3).
+        self.oldest_segment = oldest_segment
         self._thread: threading.Thread | None = None
 
     def checkpoint(self) -> RestartPositions:
@@ -67,9 +71,12 @@ class Checkpointer:
                     self.positions_current
                     and writer.untouched
                     and not (bodies.doomed or self.book.in_flight or bodies.staged)
+                    and positions.front.segment <= self.oldest_segment
                 ):
-                    # Nothing happened since the positions on disk were written: they
-                    # still describe the log; writing them again would change nothing.
+                    # Nothing happened since the positions on disk were written, and the
+                    # runners and the outcome reader have freed no segment: writing them
+                    # again would change nothing. (A front that moved past the oldest
+                    # segment must be written, or a quiet spool keeps its space for ever.)
                     return positions
                 self.positions_current = False
                 doomed, bodies.doomed = bodies.doomed, []

@@ -172,6 +172,7 @@ def _recover_and_start(
         book,
         reader,
         positions_current=found.positions_current and not settings_changed,
+        oldest_segment=found.oldest_on_disk,
     )
     if found.to_write:
         # Durable before the spool serves anything.

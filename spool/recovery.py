@@ -161,6 +161,9 @@ class RecoveredState:
     # end, nothing decided, nothing to remove): an open that appends nothing need not
     # write it again, so a command that changes nothing writes nothing.
     positions_current: bool = False
+    # The oldest segment file on disk, retired leftovers included: a checkpoint whose
+    # front lies past it has segments to free, and must write positions to free them.
+    oldest_on_disk: int = 1
 
 
 def _scan_start(
@@ -219,6 +222,7 @@ def recover(
             1, 1, [first] * n_classes, set(), {}, first, set(), orphans, [], [], report
         )
     loaded = load_positions(fs, root)
+    oldest_on_disk = segments[0]
     segments = unretired(segments, loaded)
     for prev, nxt in itertools.pairwise(segments):
         if nxt != prev + 1:
@@ -354,6 +358,7 @@ def recover(
             and consistent.segment == segments[-1]
             and not (to_write or dead_bodies or damaged or live or named)
         ),
+        oldest_on_disk=oldest_on_disk,
     )
 
 

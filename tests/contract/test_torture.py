@@ -46,10 +46,12 @@ from pathlib import Path
 import attrs
 
 from spool import Spool
+from spool import format as fmt
 from spool import records as rec
 from spool.check import check_spool
 from spool.fs import FileSystem
 from spool.queue_view import walk
+from spool.reader import list_segments
 from spool.testing import FakeClock
 from tests.contract.children import TORTURE_OPTIONS
 
@@ -274,6 +276,13 @@ def check_and_drain(spool_dir: str, model: Model, cycle: int) -> None:
     model.figures["orphan_body_files"] = len(report.orphan_bodies)
     if report.orphan_bodies:
         model.violations.append(f"{where}: orphan body files left: {report.orphan_bodies[:3]}")
+    # Space is given back (contract 6): with every message finished, a quiet reopen whose
+    # runners walk to the head leaves at most the newest segment and the one it starts.
+    with Spool.open(spool_dir, **TORTURE_OPTIONS) as sp:
+        sp.claim(timeout=0)
+    segments = list_segments(FileSystem(), os.path.join(spool_dir, fmt.LOG_DIR))
+    if len(segments) > 2:
+        model.violations.append(f"{where}: {len(segments)} segments kept with nothing queued")
 
 
 def run_torture(tmp_path: Path, kills: int, seed: int) -> Model:

@@ -121,6 +121,50 @@ def test_segments_are_deleted_as_messages_finish(spool_dir: str) -> None:
         assert used < 64 * 1024, used
 
 
+def test_an_open_that_writes_nothing_still_frees_the_segments_left_behind(
+    spool_dir: str,
+) -> None:
+    # Before: a checkpoint in an open that had appended nothing was skipped ("the
+    # positions on disk still describe the log"), although the runners and the outcome
+    # reader had moved on: segments of finished mail written after the last positions'
+    # front (here, outcome acknowledgements) stayed on disk for every later quiet open.
+    log_dir = os.path.join(spool_dir, fmt.LOG_DIR)
+    with Spool.open(spool_dir, segment_size=4 * 1024, outcomes=True) as sp:
+        for i in range(200):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100)
+        deliver_all(sp)
+        while (outcome := sp.next_outcome(timeout=0)) is not None:
+            sp.ack_outcome(outcome.msg_id)  # a frame each, after the cursors
+    left = len(os.listdir(log_dir))
+    assert left > 10
+    with Spool.open(spool_dir) as sp:
+        assert sp.claim(timeout=0) is None  # the runners walk to the head
+        assert sp.next_outcome(timeout=0) is None  # so does the outcome reader
+        sp.checkpoint()
+        assert len(os.listdir(log_dir)) <= 2, f"{left} segments before"
+    with Spool.open(spool_dir):
+        pass  # and a quiet open of a quiet spool writes nothing
+    assert len(os.listdir(log_dir)) <= 2
+
+
+def test_a_quiet_open_finishes_a_segment_deletion_a_crash_cut_short(spool_dir: str) -> None:
+    # Before: the leftovers of an interrupted deletion were left to "the next checkpoint",
+    # which an open that appended nothing skipped: they stayed for every quiet open.
+    log_dir = Path(spool_dir, fmt.LOG_DIR)
+    with Spool.open(spool_dir, segment_size=4 * 1024) as sp:
+        for i in range(100):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100)
+        kept = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+        deliver_all(sp)
+    retired = sorted(set(kept) - {p.name for p in log_dir.iterdir()})
+    assert len(retired) > 5
+    for name in retired[::2]:  # the crash kept every other unlink
+        (log_dir / name).write_bytes(kept[name])
+    with Spool.open(spool_dir):
+        pass
+    assert not set(retired) & {p.name for p in log_dir.iterdir()}
+
+
 def test_body_files_are_removed_once_their_message_finishes(spool_dir: str) -> None:
     with Spool.open(spool_dir, inline_body_max=1000) as sp:
         msg_id = sp.accept("a@example.org", ["b@example.net"], b"y" * 5000)
