@@ -36,11 +36,23 @@ exit without closing, as a crash would. Prints the accepted ids, one a line.
 
 ``hold-open DIR``: open the spool, print ``open``, and wait to be killed (a second owner
 for the lock tests).
+
+``operate DIR ACKS SEED``: like ``load``, with outcome tracking, an operator thread
+(hold, release, delete, bounce, retry, and the bulk ``act``) on recent mail, and an
+outcome thread that acknowledges every outcome. Prints ``running`` once open. Its ACKS
+lines (one ``write`` and an fdatasync each; lower case: written before the call):
+
+    ``A MSG R1,R2``  accepted          ``C MSG R1,R2``  claimed with these pending
+    ``I MSG R S``    about to report   ``D MSG R`` / ``F MSG R``  delivered / failed returned
+    ``H MSG``        hold returned     ``l MSG`` ``L MSG``  release (``*``: of every held)
+    ``x MSG`` ``X MSG``  delete        ``b MSG`` ``B MSG``  bounce
+    ``N MSG R:S,..``  an outcome handed out (recipient:status)   ``O MSG``  acknowledged
 """
 
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import os
 import random
 import signal
@@ -50,7 +62,7 @@ import time
 import zlib
 from typing import Any
 
-from spool import Spool
+from spool import OperatorAction, Spool, SpoolMisuse, UnknownMessage
 
 TORTURE_OPTIONS: dict[str, Any] = {
     "retry_intervals": [0.02, 0.05],
@@ -246,6 +258,116 @@ def hold_open(spool_dir: str) -> None:
         time.sleep(60)
 
 
+OPERATE_OPTIONS: dict[str, Any] = {
+    **TORTURE_OPTIONS,
+    "segment_size": 32 * 1024,
+    "inline_body_max": 2048,
+    "outcomes": True,
+    "crash_limit": 1000,  # the breaker's holds would blur the operator's
+}
+
+
+def operate(spool_dir: str, acks_path: str, seed: int) -> None:
+    sp = Spool.open(spool_dir, **OPERATE_OPTIONS)
+    acks = os.open(acks_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    recent: list[str] = []
+
+    def ack(line: str) -> None:
+        os.write(acks, (line + "\n").encode())
+        os.fdatasync(acks)
+
+    def producer(k: int) -> None:
+        rng = random.Random(seed * 100 + k)
+        for n in itertools.count():
+            rcpts = [f"o{seed}-{k}-{n}-{j}@example.net" for j in range(1 + rng.randrange(3))]
+            msg_id = sp.accept("a@example.org", rcpts, rng.randbytes(rng.choice([100, 3000])))
+            ack(f"A {msg_id} {','.join(rcpts)}")
+            recent.append(msg_id)
+            del recent[:-50]
+            time.sleep(rng.random() * 0.01)
+
+    def worker(k: int) -> None:
+        rng = random.Random(seed * 100 + 50 + k)
+        while True:
+            attempt = sp.claim(timeout=0.02)
+            if attempt is None:
+                continue
+            with attempt:
+                msg_id, pending = attempt.msg_id, list(attempt.envelope.recipients)
+                ack(f"C {msg_id} {','.join(pending)}")
+                for r in pending:
+                    roll = rng.random()
+                    if roll < 0.4:
+                        ack(f"I {msg_id} {r} D")
+                        attempt.delivered([r], "250 2.0.0 ok")
+                        ack(f"D {msg_id} {r}")
+                    elif roll < 0.5:
+                        ack(f"I {msg_id} {r} F")
+                        attempt.failed([r], "550 5.1.1 no such user")
+                        ack(f"F {msg_id} {r}")
+                    elif roll < 0.8:
+                        attempt.deferred([r], "451 4.3.0 try later")
+                    if rng.random() < 0.2:
+                        time.sleep(0.01)  # let the operator reach it in flight
+
+    def operator() -> None:
+        rng = random.Random(seed * 100 + 90)
+        while True:
+            time.sleep(rng.random() * 0.02)
+            if not recent:
+                continue
+            msg_id, roll = rng.choice(recent[-50:]), rng.random()
+            try:
+                if roll < 0.35:
+                    sp.hold(msg_id)
+                    ack(f"H {msg_id}")
+                elif roll < 0.65:
+                    ack(f"l {msg_id}")
+                    sp.release(msg_id)
+                    ack(f"L {msg_id}")
+                elif roll < 0.75:
+                    ack(f"x {msg_id}")
+                    sp.delete(msg_id)
+                    ack(f"X {msg_id}")
+                elif roll < 0.8:
+                    ack(f"b {msg_id}")
+                    sp.bounce(msg_id)
+                    ack(f"B {msg_id}")
+                elif roll < 0.9:
+                    sp.retry_now(msg_id)
+                elif roll < 0.905:
+                    ack("l *")
+                    sp.act(OperatorAction.RELEASE, where=lambda e: e.held is not None)
+                    ack("L *")
+                else:
+                    result = sp.act(OperatorAction.HOLD, where=lambda e: rng.random() < 0.1)
+                    for held in result.changed:
+                        ack(f"H {held}")
+            except (UnknownMessage, SpoolMisuse):
+                pass  # finished meanwhile, or not held
+
+    def outcomes() -> None:
+        while True:
+            outcome = sp.next_outcome(timeout=0.05)
+            if outcome is None:
+                continue
+            ack(
+                f"N {outcome.msg_id} "
+                + ",".join(f"{r.recipient}:{r.status}" for r in outcome.recipients)
+            )
+            sp.ack_outcome(outcome.msg_id)
+            ack(f"O {outcome.msg_id}")
+
+    threads = [threading.Thread(target=producer, args=(k,), daemon=True) for k in range(2)]
+    threads += [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(3)]
+    threads += [threading.Thread(target=f, daemon=True) for f in (operator, outcomes)]
+    for t in threads:
+        t.start()
+    emit("running")
+    for t in threads:
+        t.join()
+
+
 if __name__ == "__main__":
     name, *rest = sys.argv[1:]
     if name == "serve":
@@ -254,5 +376,7 @@ if __name__ == "__main__":
         traffic(rest[0])
     elif name == "hold-open":
         hold_open(rest[0])
+    elif name == "operate":
+        operate(rest[0], rest[1], int(rest[2]))
     else:
         raise SystemExit(f"unknown program {name}")
