@@ -32,6 +32,10 @@ one corrupt queue file aside and leaves the rest):
 3. the spool is checked again.
 
 Crash safety (repair):
+    (X0) The file ``repairing`` is durable before the first change and removed after the
+    last settlement: a crash in between leaves it, and every open but a repair's refuses
+    the spool until a repair is run again, so no owner retires a marker whose message
+    the repair has yet to restore (markers cannot hold an envelope; the copy can).
     Each copy into ``corrupt/`` is fdatasynced and its directory fsynced before the
     original is changed, so a crash never loses the damaged bytes. The positions file is
     moved aside (directory fsynced) before any segment is rewritten, so no recovery with
@@ -60,6 +64,7 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
+from spool import recovery
 from spool.bodies import (
     body_file_paths,
     check_body_file,
@@ -78,6 +83,7 @@ from spool.damage import (
     replacement,
     same_id,
     scan_segment,
+    single_record,
 )
 from spool.directory import archive_file
 from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
@@ -94,6 +100,8 @@ from spool.spool import Spool
 BODY_LOST_REPLY = (
     "554 5.3.0 message data lost to disk damage in the spool; the damaged bytes were kept as {copy}"
 )
+BODY_SEGMENT_GONE_REPLY = recovery.BODY_LOST_REPLY
+BODY_FILE_MISSING_REPLY = "554 5.3.0 message data lost in the spool: its body file was missing"
 RESTORED_HOLD = (
     "restored by spool check --repair from a damaged envelope at {region}: check its sender "
     "and recipients before releasing it"
@@ -114,6 +122,7 @@ class ProblemKind(enum.Enum):
     NO_BODY_FRAME = "envelope without its body frame"
     UNDECODABLE = "undecodable record"
     BODY_FILE = "body file missing or damaged"
+    BODY_SEGMENT_GONE = "inline body in a deleted segment"
     UNFINISHED_REPAIR = "a message an earlier repair left unsettled"
     SETTINGS = "settings file"
     POSITIONS = "restart positions"
@@ -296,6 +305,8 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         _report_scan(scan, _segment_path(log_dir, seg), problems, notes)
         corrections.extend((seg, offset, what) for offset, _fixed, what in scan.corrections)
         for offset, item in scan.items:
+            if isinstance(item, Region) and item.marker:
+                item = _with_kept_record(fs, path, item)
             walk.step(Position(seg, offset), item)
             if isinstance(item, Region):
                 (markers if item.marker else regions).append(item)
@@ -315,6 +326,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         attrs.evolve(r, sup=tuple(walk.lost_starts.get((r.segment, r.start), ()))) for r in regions
     ]
     _report_unfinished_repairs(affected, problems, notes)
+    affected.extend(_bodies_in_gone_segments(fs, path, walk, segments, problems))
     present = _body_files(fs, path)
     affected.extend(_envelopes_lost_with_files(present - live, regions, affected))
     named = {a.msg_id for a in affected if a.verdict is not Verdict.RECORDS_LOST}
@@ -335,6 +347,16 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
             + (" ..." if len(orphans) > 5 else "")
         )
     _check_positions(fs, path, segments, positions, problems)
+    if fs.exists(os.path.join(path, fmt.REPAIRING_NAME)):
+        problems.append(
+            Problem(
+                ProblemKind.UNFINISHED_REPAIR,
+                os.path.join(path, fmt.REPAIRING_NAME),
+                0,
+                "a repair of this spool was interrupted and no open will serve it: run "
+                "spool check --repair to finish it",
+            )
+        )
     if not bad_settings and segments:
         _dry_run_recovery(fs, path, problems)
     return CheckReport(
@@ -357,6 +379,83 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         retired_segments=retired,
         durable_end=positions.consistent if positions is not None else None,
     )
+
+
+def _with_kept_record(fs: FileSystem, root: str, marker: Region) -> Region:
+    """``marker`` with the one record it stands for, as it still decodes in the copy of
+    the damaged segment that the repair kept: a repair interrupted before it restored a
+    damaged envelope restores it when run again (the marker cannot hold its content)."""
+    if marker.lost != "envelope" or not marker.copy:
+        return marker
+    try:
+        kept = read_file(fs, os.path.join(root, marker.copy))
+    except OSError:
+        return marker
+    record = single_record(kept[marker.start : marker.end])
+    if not isinstance(record, rec.Envelope) or record.msg_id != marker.lost_target:
+        return marker
+    try:  # as _restore_one reads it: a body that is gone leaves nothing to restore
+        if record.body.kind == rec.BODY_FILE:
+            read_body_file(fs, root, record.msg_id)
+        else:
+            at = record.body.at or Position(marker.segment, marker.end)
+            read_inline_body(fs, os.path.join(root, fmt.LOG_DIR), record.msg_id, at)
+    except SpoolError:
+        return marker
+    return attrs.evolve(marker, record=record)
+
+
+def _bodies_in_gone_segments(
+    fs: FileSystem, root: str, walk: Assessment, segments: list[int], problems: list[Problem]
+) -> list[Affected]:
+    """Queued messages whose envelope names an inline body in a segment before the first
+    one on disk. The garbage front never passes a live inline body, so this is what a
+    repair leaves when it sets aside the replacement that named the body's promoted copy
+    (the promotion released the segment's pin): every claim would fail to read the body.
+    The repair names the copy instead, or fails the pending recipients if there is none.
+    A message in flight is not one: recovery settles it from the copy (``recovery.py``)."""
+    if not segments:
+        return []
+    log_dir = os.path.join(root, fmt.LOG_DIR)
+    found = []
+    for msg_id, state in sorted(walk.live.items()):
+        body = state.body
+        if state.started or body is None or body.kind != rec.BODY_INLINE or body.at is None:
+            continue
+        if body.at.segment >= segments[0]:
+            continue
+        at = body.at
+        try:
+            copy = len(read_body_file(fs, root, msg_id)) == body.size
+        except CorruptSpool:
+            copy = False  # missing or damaged
+        detail = (
+            "its body is in its body file: the repair names that"
+            if copy
+            else "no intact copy of its body was found: the repair fails its pending recipients"
+        )
+        region = Region(
+            at.segment,
+            at.offset,
+            at.offset + body.size,
+            RegionKind.BODY,
+            "segment deleted",
+            body_of=msg_id,
+            body_bytes=body.size,
+        )
+        problems.append(
+            Problem(
+                ProblemKind.BODY_SEGMENT_GONE,
+                _segment_path(log_dir, at.segment),
+                at.offset,
+                f"{msg_id}: its envelope names a body in segment {at.segment}, which is "
+                f"gone; {detail}",
+                fatal=False,
+            )
+        )
+        held = state.envelope is not None and state.envelope.held is not None
+        found.append(Affected(msg_id, Verdict.BODY_SEGMENT_GONE, region, True, held, detail))
+    return found
 
 
 def _envelopes_lost_with_files(
@@ -535,6 +634,16 @@ def _report_unfinished_repairs(
                     "it is not held; run spool check --repair to finish the repair",
                 )
             )
+        elif a.verdict is Verdict.ENVELOPE_DAMAGED and a.region.record is not None:
+            problems.append(
+                Problem(
+                    ProblemKind.UNFINISHED_REPAIR,
+                    a.region.copy or "log",
+                    a.region.start,
+                    f"{a.msg_id}: its envelope was damaged at {a.region} and is not restored "
+                    "yet; run spool check --repair to finish the repair",
+                )
+            )
         else:
             notes.append(f"{a.msg_id}: {a.verdict.value} at {a.region} ({a.detail or 'held'})")
 
@@ -643,8 +752,20 @@ def repair_spool(path: str, fs: FileSystem | None = None) -> RepairReport:
     docstring). Needs the spool to itself: ``SpoolLocked`` while an owner runs."""
     fs = fs or FileSystem()
     owner = OwnerLock(fs, os.path.join(path, fmt.LOCK_NAME), path)
+    flag = os.path.join(path, fmt.REPAIRING_NAME)
     try:
         before = check_spool(path, fs)
+        if fs.exists(flag):
+            # Interrupted: its own open may have written positions since it moved them
+            # aside. Aside again, so that recovery scans the markers and keeps the body
+            # files of the messages still to restore, which nothing else names.
+            _positions_aside(fs, path, before)
+            before = check_spool(path, fs)
+        if _needs_repair(before) or before.affected:
+            # (X0) Durable before the first change: until the last settlement below, no
+            # open but the repair's own serves the spool (a crash leaves it for the rerun).
+            write_file_durably(fs, flag, f"{os.getpid()}\n".encode())
+            fs.fsync_dir(path)
         actions = _repair_files(fs, path, before) if _needs_repair(before) else []
         # Step 2 settles what the markers now in the log say, exactly what a check after
         # an interrupted repair derives, so a repair run twice converges.
@@ -658,7 +779,29 @@ def repair_spool(path: str, fs: FileSystem | None = None) -> RepairReport:
         for a in before.affected
         if a.msg_id not in settled
     ]
+    if fs.exists(flag):
+        # Every settlement is durable (each returned): the spool may be served again.
+        fs.unlink(flag)
+        fs.fsync_dir(path)
     return RepairReport(before, tuple(actions), tuple(fates), check_spool(path, fs))
+
+
+def _positions_aside(fs: FileSystem, root: str, report: CheckReport) -> None:
+    """Move the restart positions into ``corrupt/`` (the next open scans the whole log),
+    after finishing the retirement they record (``_finish_retirement``)."""
+    src = os.path.join(root, fmt.POSITIONS_NAME)
+    if not fs.exists(src):
+        return
+    _finish_retirement(fs, root, report.retired_segments, [])
+    corrupt = os.path.join(root, fmt.CORRUPT_DIR)
+    if not fs.is_dir(corrupt):
+        fs.mkdir(corrupt, 0o700)
+        fs.fsync_dir(root)
+    # (X2) As in step 1: a crash leaves the positions in place or aside, both of which a
+    # repair run again handles.
+    fs.rename(src, os.path.join(corrupt, f"positions.{time.strftime('%Y%m%dT%H%M%S')}"))
+    fs.fsync_dir(corrupt)
+    fs.fsync_dir(root)
 
 
 def _needs_repair(report: CheckReport) -> bool:
@@ -861,7 +1004,7 @@ def _settle_affected(
     markers that replaced them cannot hold their content."""
     restore = {a.msg_id: a for a in before.affected if a.verdict is Verdict.ENVELOPE_DAMAGED}
     fates: list[tuple[str, str]] = []
-    with Spool.open(path, fs=fs) as sp:
+    with Spool._open_for_repair(path, fs) as sp:
         for a in report.affected:
             if a.msg_id in restore:
                 fates.append((a.msg_id, _restore_one(sp, path, restore.pop(a.msg_id))))
@@ -889,11 +1032,15 @@ def _restore_one(sp: Spool, path: str, a: Affected) -> str:
 
 
 def _settle_one(sp: Spool, a: Affected) -> str:
-    copy = a.region.copy or f"{fmt.CORRUPT_DIR}/ (the copy of segment {a.region.segment})"
     try:
+        if a.verdict is Verdict.BODY_SEGMENT_GONE:
+            return _rebind_one(sp, a)
+        if a.verdict is Verdict.ENVELOPE_DAMAGED_IN_FLIGHT:
+            return f"its envelope was damaged at {a.region} while in flight: {a.detail}"
         if a.verdict is Verdict.BODY_LOST:
-            reply = BODY_LOST_REPLY.format(copy=copy)
-            sp.delete(a.msg_id, reply)
+            copy = _kept_copy(sp, a)
+            reply = BODY_LOST_REPLY.format(copy=copy) if copy else BODY_FILE_MISSING_REPLY
+            sp.bounce(a.msg_id, reply)  # failed, not deleted: the sender must be told
             return f"its body was lost at {a.region}: its pending recipients failed ({reply})"
         if a.verdict is Verdict.RECORDS_LOST:
             if a.held:
@@ -908,3 +1055,32 @@ def _settle_one(sp: Spool, a: Affected) -> str:
     except SpoolError as exc:
         return f"could not be settled: {exc}"
     return f"envelope lost at {a.region}: {a.detail}"
+
+
+def _rebind_one(sp: Spool, a: Affected) -> str:
+    """Name the copy of a body whose segment is gone; without an intact copy, fail the
+    message's pending recipients (the sender is told; nothing could deliver it)."""
+    try:
+        if not sp._rebind_body(a.msg_id):
+            return "nothing to do: its envelope no longer names the gone segment"
+    except CorruptSpool as exc:
+        sp.bounce(a.msg_id, BODY_SEGMENT_GONE_REPLY)
+        return (
+            f"its body's segment {a.region.segment} was gone and its copy unusable "
+            f"({exc.reason}): its pending recipients failed ({BODY_SEGMENT_GONE_REPLY})"
+        )
+    return f"its body's segment {a.region.segment} was gone: it now names its body file"
+
+
+def _kept_copy(sp: Spool, a: Affected) -> str:
+    """Where the damaged bytes of ``a``'s lost body were kept: the copy of its segment, or
+    the body file that step 1 moved to ``corrupt/`` (the newest, should repairs repeat);
+    "" when there was nothing to keep (a body file that was missing)."""
+    if a.region.kind is not RegionKind.BODY_FILE:
+        return a.region.copy or f"{fmt.CORRUPT_DIR}/ (the copy of segment {a.region.segment})"
+    fs = sp._state.fs
+    corrupt = os.path.join(sp.path, fmt.CORRUPT_DIR)
+    prefix = f"body.{a.msg_id}."
+    names = fs.listdir(corrupt) if fs.is_dir(corrupt) else []
+    kept = sorted(n for n in names if n.startswith(prefix) and n.endswith(".bad"))
+    return f"{fmt.CORRUPT_DIR}/{kept[-1]}" if kept else ""

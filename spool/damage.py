@@ -70,6 +70,7 @@ class RegionKind(enum.Enum):
     BODY_AND_RECORDS = "body and records"  # a BODY frame and unknown frames after it
     PADDING = "padding"  # nothing of value
     RECORDS = "records"  # unknown frames
+    BODY_FILE = "body file"  # a message's body file in bodies/ (no bytes of a segment)
 
 
 @attrs.frozen
@@ -107,6 +108,8 @@ class Region:
         return at.segment == self.segment and self.start <= at.offset < self.end
 
     def __str__(self) -> str:
+        if self.kind is RegionKind.BODY_FILE:
+            return self.reason  # the file's name: it has no place in a segment
         return f"{self.segment}:{self.start} ({self.end - self.start} bytes)"
 
 
@@ -389,7 +392,7 @@ def _classify(
     if padding or _was_padding(raw) or _near_padding(raw, salt) or end - start < RECORD_FRAME_MIN:
         return Region(number, start, end, RegionKind.PADDING, f"padding damaged ({reason})")
     ids = legible_ids(data[start:end])
-    known = _single_record(data[start:end])
+    known = single_record(data[start:end])
     if known is not None:
         target = known.target if isinstance(known, rec.Control) else known.msg_id
         kind = fmt.TYPE_NAMES[rec.encode(known)[0]]
@@ -466,7 +469,7 @@ def _corrected(raw: bytes, salt: int) -> bytes | None:
     return None
 
 
-def _single_record(raw: bytes) -> rec.Record | None:
+def single_record(raw: bytes) -> rec.Record | None:
     """The one record ``raw`` held, if its header spans exactly ``raw`` and its payload
     still decodes as a record of the header's type; else None. A flipped type byte makes
     the payload fail to decode as that type, so the kind is reliable; the content may hold
@@ -642,6 +645,12 @@ class Verdict(enum.Enum):
     RECORDS_LOST = "records possibly lost"  # hold for the operator
     ENVELOPE_LOST = "envelope lost"  # recovery finishes it (R5), or nothing is left
     ENVELOPE_DAMAGED = "envelope damaged"  # restore it held, as it still decodes
+    # Its inline body lay in a segment deleted since (the envelope naming its promoted
+    # copy was set aside): name the copy in its body file, or fail the pending recipients.
+    BODY_SEGMENT_GONE = "body's segment gone"
+    # In flight from its only envelope, which still decodes: recovery restores it held
+    # with the recipients its attempt left (R5b), from the copy the marker names.
+    ENVELOPE_DAMAGED_IN_FLIGHT = "envelope damaged in flight"
 
 
 @attrs.frozen
@@ -842,7 +851,8 @@ class Assessment:
             if region is not None:
                 out.append(Affected(msg_id, Verdict.BODY_LOST, region, True, held))
             elif body is not None and body.kind == rec.BODY_FILE and msg_id in self.bad_files:
-                file_region = Region(0, 0, 0, RegionKind.BODY, "body file damaged or missing")
+                name = f"{fmt.BODY_DIR}/{msg_id}"
+                file_region = Region(0, 0, 0, RegionKind.BODY_FILE, name)
                 out.append(Affected(msg_id, Verdict.BODY_LOST, file_region, True, held))
             elif msg_id in self.lost_envelopes:
                 detail = "recovery finishes it with the outcomes that survived"
@@ -860,14 +870,46 @@ class Assessment:
                 # In flight from an envelope that is still there: recovery rebuilds the
                 # replacement that was lost from that envelope and the deltas.
                 continue
-            live = flying is not None
             out = [a for a in out if a.msg_id != msg_id]  # restoring it settles the rest
-            out.append(attrs.evolve(_lost_envelope(msg_id, region), live=live))
+            record = region.record
+            queued = flying is not None and not flying.started and flying.envelope_at
+            if (
+                flying is not None
+                and queued
+                and not (
+                    isinstance(record, rec.Envelope) and record.supersedes == flying.envelope_at
+                )
+            ):
+                # Still queued on an envelope the damaged record does not name (the damage
+                # may have hit its id, or what it superseded): restoring it would leave two
+                # live envelopes. The queued one is held instead, as for lost records of
+                # unknown kind: what the lost envelope changed (a hold, say) is unknown.
+                held = flying.envelope is not None and flying.envelope.held is not None
+                out.append(Affected(msg_id, Verdict.RECORDS_LOST, region, True, held))
+                continue
+            lost = _lost_envelope(msg_id, region)
+            out.append(attrs.evolve(lost, live=False) if flying is None else _in_flight(lost))
         for msg_id, region in self.lone_bodies.items():
-            if msg_id not in self.live:
-                envelope = self.lost_envelopes_of.get(msg_id, region)
-                out.append(_lost_envelope(msg_id, envelope))
+            flying = self.live.get(msg_id)
+            lost = _lost_envelope(msg_id, self.lost_envelopes_of.get(msg_id, region))
+            if flying is None:
+                out.append(lost)
+            elif flying.started and flying.envelope is None:
+                out = [a for a in out if a.msg_id != msg_id]
+                out.append(_in_flight(lost))
         return sorted(out, key=lambda a: a.msg_id)
+
+
+def _in_flight(lost: Affected) -> Affected:
+    """``lost`` for a message in flight from that envelope: recovery settles it (R5, or
+    restored held from the kept copy if the envelope still decodes: R5b)."""
+    if lost.verdict is Verdict.ENVELOPE_DAMAGED:
+        detail = "recovery restores it, held, with the recipients its attempt left"
+        return attrs.evolve(
+            lost, verdict=Verdict.ENVELOPE_DAMAGED_IN_FLIGHT, live=True, detail=detail
+        )
+    detail = "recovery finishes it with the outcomes that survived"
+    return attrs.evolve(lost, live=True, detail=detail)
 
 
 def _lost_envelope(msg_id: str, region: Region) -> Affected:

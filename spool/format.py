@@ -79,6 +79,9 @@ INCOMING_DIR: Final = "incoming"
 POSITIONS_NAME: Final = "positions"
 SETTINGS_NAME: Final = "settings"
 CORRUPT_DIR: Final = "corrupt"
+# Present while `spool check --repair` is between its first change and its last
+# settlement: an open that is not the repair's own refuses the spool until a repair ends.
+REPAIRING_NAME: Final = "repairing"
 
 # --- body files (bodies too large to keep inline in the log) ---------------------------
 # Header: magic(8) version(u32) reserved(u32) length(u64) crc32c-of-data(u32) crc(u32)

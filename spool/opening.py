@@ -24,7 +24,7 @@ from spool.body_keeping import BodyKeeper
 from spool.checkpoints import Checkpointer
 from spool.clock import Clock, SpoolTime
 from spool.directory import prepare_archive, prepare_directory
-from spool.errors import DiskFull, SpoolError, SpoolFailed
+from spool.errors import CorruptSpool, DiskFull, SpoolError, SpoolFailed
 from spool.fs import FileSystem
 from spool.lock import OwnerLock
 from spool.operator import OperatorDesk
@@ -82,8 +82,12 @@ class OpenedSpool:
         self.owner.release()
 
 
-def open_spool(path: str, fs: FileSystem, given: dict[str, Any], clock: Clock) -> OpenedSpool:
-    """Open (creating or recovering) the spool at ``path``; see the module docstring."""
+def open_spool(
+    path: str, fs: FileSystem, given: dict[str, Any], clock: Clock, *, repairing: bool = False
+) -> OpenedSpool:
+    """Open (creating or recovering) the spool at ``path``; see the module docstring.
+    ``repairing``: the open of ``spool check --repair`` itself, which a repair in progress
+    does not refuse."""
     named = given.get("archive_dir", RECORDED)
     if named is not RECORDED and named is not None:
         # An archive the caller names must work before anything is made or recorded.
@@ -92,6 +96,12 @@ def open_spool(path: str, fs: FileSystem, given: dict[str, Any], clock: Clock) -
     owner = OwnerLock(fs, os.path.join(path, fmt.LOCK_NAME), path)
     started: list[Any] = []  # what a failed open must stop
     try:
+        flag = os.path.join(path, fmt.REPAIRING_NAME)
+        if not repairing and fs.exists(flag):
+            # A repair stopped between its first change and its last settlement: a
+            # message it would restore from the copy it kept might be lost to the owner's
+            # checkpoints. Refused (nothing written) until a repair runs to its end.
+            raise CorruptSpool(flag, 0, "a repair of this spool was interrupted")
         options, changed = options_for_open(fs, path, given)
         archive = archive_path(path, options)
         if archive is not None:

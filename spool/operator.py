@@ -23,7 +23,7 @@ from spool import format as fmt
 from spool import records as rec
 from spool.arguments import check_msg_id, check_text
 from spool.attempts import AttemptBook, InFlight
-from spool.bodies import write_body_file
+from spool.bodies import body_file_paths, read_body_file, write_body_file
 from spool.body_keeping import BodyKeeper
 from spool.errors import CorruptSpool, SpoolMisuse, UnknownMessage
 from spool.queue_view import QueueEntry, live_messages
@@ -251,21 +251,12 @@ class OperatorDesk:
         """
         state = self.state
         pos = entry.envelope_at
-        frame = read_frame_at(state.fs, state.log_dir, pos)
-        path = os.path.join(state.log_dir, fmt.segment_name(pos.segment))
-        env = rec.decode_stored(frame.type, frame.payload, path, pos.offset)
-        if not isinstance(env, rec.Envelope):
-            raise CorruptSpool(
-                path,
-                pos.offset,
-                "the queue view named a record that is not an envelope",
-            )
+        env, size = self._read_envelope(pos)
         now = state.now()
-        env = state.accepted_as_of_now(pos, env)
         last_class = state.options.last_class
         if action in ENDINGS:
             assert reason is not None
-            flight = self.book.start(pos, env, frame.size, now)
+            flight = self.book.start(pos, env, size, now)
             self.scheduler.superseded.add(pos)
             flight.delete = (ENDINGS[action][0], reason)
             self.book.settle(flight, now, f"{action.value}d by the operator")
@@ -283,7 +274,7 @@ class OperatorDesk:
             if env.held is not None or env.klass == 0:
                 return None  # held, or already due now
             new = attrs.evolve(env, klass=0)
-        old = resolve_body(env, pos, frame.size)
+        old = resolve_body(env, pos, size)
         body, promoted = old, None
         if new.held is not None:
             body, promoted = self.bodies.promote(env, old, new.klass, new.held, now)
@@ -296,6 +287,72 @@ class OperatorDesk:
         state.cond.notify_all()
         return end
 
+    def _read_envelope(self, pos: Position) -> tuple[rec.Envelope, int]:
+        """The live envelope at ``pos`` (its accept time as of now) and its frame's size."""
+        state = self.state
+        frame = read_frame_at(state.fs, state.log_dir, pos)
+        path = os.path.join(state.log_dir, fmt.segment_name(pos.segment))
+        env = rec.decode_stored(frame.type, frame.payload, path, pos.offset)
+        if not isinstance(env, rec.Envelope):
+            raise CorruptSpool(
+                path, pos.offset, "the queue view named a record that is not an envelope"
+            )
+        return state.accepted_as_of_now(pos, env), frame.size
+
+    def rebind_body(self, msg_id: str) -> bool:
+        """Point the live envelope of ``msg_id`` at the copy of its body in a body file.
+
+        For ``spool check --repair`` only: the envelope names an inline body in a segment
+        that is no longer on disk (the replacement that named the body's promoted copy was
+        damaged and set aside, and the pin on the segment went with the promotion). The
+        copy is read and checked first; the replacement keeps everything else (held or
+        not, class, attempts). Returns False if the message is not queued or its body is
+        where its envelope says. ``CorruptSpool`` if the copy is missing or damaged (the
+        repair then fails its recipients). Durable on return.
+        """
+        state = self.state
+        state.check_process()
+        state.check_open()
+        state.writer.sync()
+        entry = live_messages(state.fs, state.path, state.options.class_intervals()).get(msg_id)
+        if entry is None:
+            return False
+        data = read_body_file(state.fs, state.path, msg_id)
+        staged = state.fs.exists(body_file_paths(state.path, msg_id)[0])
+        with state.lock:
+            state.check_open()
+            if msg_id in self.book.in_flight or not self._still_live(entry):
+                raise SpoolMisuse(f"{msg_id} changed during the repair; run it again")
+            pos = entry.envelope_at
+            env, size = self._read_envelope(pos)
+            old = resolve_body(env, pos, size)
+            if (
+                old.kind != rec.BODY_INLINE
+                or old.at is None
+                or state.fs.exists(os.path.join(state.log_dir, fmt.segment_name(old.at.segment)))
+            ):
+                return False
+            if len(data) != old.size:
+                path = body_file_paths(state.path, msg_id)[0 if staged else 1]
+                raise CorruptSpool(path, 0, f"holds {len(data)} bytes, its body {old.size}")
+            new = attrs.evolve(
+                env,
+                written_at=state.now(),
+                supersedes=pos,
+                body=rec.BodyRef(rec.BODY_FILE, len(data)),
+                promoted_from=None,
+            )
+            part = encode_checked(new)
+            self.scheduler.superseded.add(pos)
+            # The file is durable already (it was the promotion's copy): a crash before
+            # this record is durable leaves the spool as it was, and the repair runs again.
+            _, end = self.scheduler.append([part], new.klass)
+            if staged:
+                self.bodies.staged[msg_id] = end  # the next checkpoint moves it to bodies/
+            self.bodies.release_body(old, msg_id)
+        state.writer.wait_durable(end)
+        return True
+
     def restore_envelope(
         self, env: rec.Envelope, data: bytes, replaces: Position, reason: str
     ) -> None:
@@ -306,16 +363,43 @@ class OperatorDesk:
         carries the message on. It may hold the damage, so it waits, held, for the
         operator. It supersedes what ``env`` superseded (so no earlier envelope comes back
         to life, and the attempt it closed is settled), or the marker for a first envelope.
-        The body goes to a file so that no segment pin is involved (the pin of a body whose
-        first envelope was lost was never counted). Durable on return.
+        If the message is still queued on another envelope, ``env`` must name that one
+        (its damage may have hit its id or what it superseded): otherwise restoring it
+        would leave two live envelopes, and ``SpoolMisuse`` is raised, nothing written.
+        The body goes to a file so that no segment pin is involved (the pin of a body
+        whose first envelope was lost was never counted); a body that was in a file (the
+        caller read ``data`` from it, checked) stays in that file. Durable on return.
         """
         state = self.state
         state.check_process()
         reason = check_text(reason, "hold reason")
-        # (B1) The body file is durable before the envelope naming it is appended.
-        body = write_body_file(state.fs, state.incoming_dir, env.msg_id, data, replace=True)
+        state.check_open()
+        state.writer.sync()
+        queued = live_messages(state.fs, state.path, state.options.class_intervals())
+        earlier = queued.get(env.msg_id)
+        staged_path = body_file_paths(state.path, env.msg_id)[0]
+        if env.body.kind == rec.BODY_FILE:
+            # Named as it is, never written again: truncating the only copy to rewrite
+            # it would lose the message to a crash in between.
+            body, staged = rec.BodyRef(rec.BODY_FILE, len(data)), state.fs.exists(staged_path)
+        else:
+            # (B1) Durable before the envelope naming it is appended. Its source is the
+            # log: a crash midway leaves a partial file that the repair writes again.
+            body = write_body_file(state.fs, state.incoming_dir, env.msg_id, data, replace=True)
+            staged = True
         with state.lock:
             state.check_open()
+            supersedes, old = env.supersedes or replaces, None
+            if earlier is not None and env.msg_id not in self.book.in_flight:
+                if not self._still_live(earlier):
+                    raise SpoolMisuse(f"{env.msg_id} changed during the repair; run it again")
+                if earlier.envelope_at != supersedes:
+                    raise SpoolMisuse(
+                        f"{env.msg_id} is queued on an envelope at {earlier.envelope_at} that "
+                        "the damaged one does not name: not restored over it"
+                    )
+                queued_env, size = self._read_envelope(supersedes)
+                old = resolve_body(queued_env, supersedes, size)
             new = attrs.evolve(
                 env,
                 body=body,
@@ -323,12 +407,14 @@ class OperatorDesk:
                 klass=state.options.last_class,
                 written_at=state.now(),
                 crashes=0,
-                supersedes=env.supersedes or replaces,
+                supersedes=supersedes,
                 promoted_from=None,
             )
             part = encode_checked(new)
-            if new.supersedes is not None:
-                self.scheduler.superseded.add(new.supersedes)  # ahead of its runner, maybe
+            self.scheduler.superseded.add(supersedes)  # ahead of its runner, maybe
             _, end = self.scheduler.append([part], new.klass)
-            self.bodies.staged[env.msg_id] = end
+            if staged:
+                self.bodies.staged[env.msg_id] = end  # the next checkpoint moves it to bodies/
+            if old is not None and old.kind == rec.BODY_INLINE:
+                self.bodies.release_body(old, env.msg_id)  # a file is replaced by the new one
         state.writer.wait_durable(end)

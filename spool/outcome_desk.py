@@ -15,7 +15,7 @@ from spool.bodies import read_body
 from spool.body_keeping import BodyKeeper
 from spool.errors import BodyGone, CorruptSpool, SpoolMisuse, UnknownMessage
 from spool.outcomes import MessageOutcome, OutcomeReader
-from spool.recovery import ENVELOPE_LOST_REASON
+from spool.recovery import BODY_LOST_REASON, ENVELOPE_LOST_REASON
 from spool.scheduling import Scheduler, encode_checked
 from spool.state import SpoolState
 from spool.writer import WAIT_MAX
@@ -92,6 +92,8 @@ class OutcomeDesk:
         body = outcome.body
         if body is None or outcome.reason == ENVELOPE_LOST_REASON:
             raise BodyGone(outcome.msg_id, "it was lost with its envelope")
+        if outcome.reason == BODY_LOST_REASON:
+            raise BodyGone(outcome.msg_id, "it was lost to disk damage")
         with state.lock:
             state.check_open()
             kept = self.reader.waiting(outcome.msg_id)

@@ -39,6 +39,8 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
+from spool.bodies import read_body, read_body_file
+from spool.damage import single_record
 from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem, read_file, write_file_durably
@@ -105,6 +107,14 @@ def decide(settled: bool, envelope_lost: bool, remaining: bool, crash_loop: bool
 
 
 ENVELOPE_LOST_REASON = "envelope lost to disk damage"
+BODY_LOST_REASON = "message data lost to disk damage"
+RESTORED_HOLD = (
+    "restored from an envelope damaged at {where} while in flight: check its sender and "
+    "recipients before releasing it"
+)
+BODY_LOST_REPLY = (
+    "554 5.3.0 message data lost in the spool: its log segment was gone and no copy was found"
+)
 
 
 @attrs.frozen
@@ -310,7 +320,9 @@ def recover(
     cursors = list(positions.cursors) if positions else [Position(segments[0], 0)] * n_classes
     low = min(cursors)
     superseded = {p for p in superseded if p >= low}
-    to_write, held = _decide_all(fs, log_dir, working, damaged, segments[0], options, clock())
+    to_write, held = _decide_all(
+        fs, root, working, damaged, segments[0], options, clock(), named_files, body_refs
+    )
     named, orphans = _incoming_files(fs, root, named_files, damaged)
     dead_bodies.extend(orphans)
     live = [w.start_at for w in working.values() if not w.settled]
@@ -551,15 +563,21 @@ def _operator_in_flight(record: rec.Control, working: dict[str, _Working]) -> No
 
 def _decide_all(
     fs: FileSystem,
-    log_dir: str,
+    root: str,
     working: dict[str, _Working],
     damaged: list[tuple[Position, int]],
     first_segment: int,
     options: SpoolOptions,
     now: float,
+    named_files: set[str],
+    body_refs: dict[int, int],
 ) -> tuple[list[rec.Record], int]:
     """Records that settle every message left in flight, in start-record order, and how
-    many of them the crash-loop breaker held."""
+    many of them the crash-loop breaker held. A message whose successor names a body file
+    found in incoming/ is added to ``named_files`` (the file moves to bodies/); the inline
+    body of an envelope read back from a repair's copy (R5b), which no scanned envelope
+    pinned, is pinned in ``body_refs``."""
+    log_dir = os.path.join(root, fmt.LOG_DIR)
     out: list[rec.Record] = []
     held_for_crash_loop = 0
     for msg_id, w in sorted(working.items(), key=lambda kv: kv[1].start_at):
@@ -567,38 +585,57 @@ def _decide_all(
             continue
         retired = w.envelope_at.segment < first_segment
         marked_after = any(at > w.start_at for at, _size in damaged)
-        if _in_damaged(w.envelope_at, damaged) or (retired and marked_after):
+        gone = _in_damaged(w.envelope_at, damaged) or (retired and marked_after)
+        kept = _kept_envelope(fs, root, msg_id, w.envelope_at) if gone and not retired else None
+        if gone and kept is None:
             # R5: the envelope is gone: in bytes a repair set aside, or (its attempt's
             # settling record set aside after the start) in a segment retired since. Its
             # recipients are unknown but for those the deltas settled: finish it with
             # those, so that it is never attempted from a guess.
             assert decide(False, True, False, False).decision is Decision.FINISH_LOST
-            outcomes = tuple(
-                rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items()
-            )
-            lost = rec.BodyRef(rec.BODY_FILE, 0)  # where the body was died with the envelope
-            out.append(rec.Finish(msg_id, now, lost, outcomes, ENVELOPE_LOST_REASON))
+            out.append(_finish_lost(msg_id, w, now))
             continue
         frame = read_frame_at(fs, log_dir, w.envelope_at)
         try:
             env: rec.Record | None = rec.decode(frame.type, frame.payload)
         except rec.RecordError:
             env = None  # a BODY or PAD frame, or a checked frame that holds no record
+        if kept is not None:
+            env = kept  # the marker's stand-in: the record as it decodes in the kept copy
         if not isinstance(env, rec.Envelope) or env.msg_id != msg_id:
             path = os.path.join(log_dir, fmt.segment_name(w.envelope_at.segment))
             raise CorruptSpool(path, w.envelope_at.offset, f"start of {msg_id} names no envelope")
         body = resolve_body(env, w.envelope_at, frame.size)
         reason = "all recipients settled"
+        if body.kind == rec.BODY_INLINE and body.at is not None and body.at.segment < first_segment:
+            # The start names an envelope whose inline body lay in a segment retired since:
+            # its pin was released when a later envelope named a copy in a body file (a
+            # promotion), and that envelope is gone (a repair set it aside as damaged).
+            copy = _promoted_copy(fs, root, msg_id, body)
+            if copy is not None:
+                body = copy
+                named_files.add(msg_id)
+            else:
+                # No copy either: the message data is lost. The recipients left fail, so
+                # that the sender is told (never attempted without a body, never dropped),
+                # unless the operator ended it in flight (a delete or bounce stands).
+                body = rec.BodyRef(rec.BODY_FILE, 0)
+                w.ending = w.ending or (rec.FAILED, BODY_LOST_REPLY)
         if w.ending is not None:
             # The operator ended it in flight: the rest of its recipients end as asked (R4).
             status, reply = w.ending
             for r in env.recipients:
                 w.delivered.setdefault(r, (status, reply, now))
-            reason = _ENDING_REASON[status]
+            reason = BODY_LOST_REASON if reply == BODY_LOST_REPLY else _ENDING_REASON[status]
         outcomes = env.outcomes + tuple(
             rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items()
         )
         remaining = tuple(r for r in env.recipients if r not in w.delivered)
+        if kept is not None and not remaining:
+            # A damaged record never settles mail: the finish is written as for a lost
+            # envelope (R5), with the outcomes the deltas recorded.
+            out.append(_finish_lost(msg_id, w, now))
+            continue
         crashes = env.crashes + 1
         case = decide(False, False, bool(remaining), crashes >= options.crash_limit)
         if case.decision is Decision.FINISH:
@@ -608,7 +645,17 @@ def _decide_all(
         held: str | None = w.hold if w.hold is not None else env.held
         if case.decision is Decision.HOLD:
             held = f"crash loop: in flight at {crashes} crashes"
-        hold = case.decision is Decision.HOLD or w.hold is not None
+        if kept is not None:
+            # Restored from a damaged envelope: held for the operator to check (R5b). No
+            # scanned envelope named its body: its file moves to bodies/, its inline
+            # body's segment stays pinned until the message ends.
+            held = RESTORED_HOLD.format(where=w.envelope_at)
+            if body.kind == rec.BODY_FILE:
+                named_files.add(msg_id)
+            else:
+                assert body.at is not None, "resolve_body resolves an inline body"
+                pin_body(body_refs, body.at.segment)
+        hold = case.decision is Decision.HOLD or w.hold is not None or kept is not None
         klass = options.last_class if hold else options.class_for_attempts(env.attempts + 1)
         out.append(
             successor_envelope(
@@ -646,6 +693,53 @@ def _lost_start(
         return  # no envelope there (any more): R5 or the plain rules decide
     if isinstance(env, rec.Envelope):
         working[env.msg_id] = _Working(pos, marker.sup[0], env.klass)
+
+
+def _finish_lost(msg_id: str, w: _Working, now: float) -> rec.Finish:
+    """R5's finish: the outcomes the deltas settled, and no body (it died with the
+    envelope, or is not to be trusted from a damaged one)."""
+    outcomes = tuple(rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items())
+    return rec.Finish(msg_id, now, rec.BodyRef(rec.BODY_FILE, 0), outcomes, ENVELOPE_LOST_REASON)
+
+
+def _kept_envelope(fs: FileSystem, root: str, msg_id: str, at: Position) -> rec.Envelope | None:
+    """The envelope of ``msg_id`` that a repair's ``damaged`` marker at ``at`` stands for,
+    as it still decodes in the copy of the damaged segment the repair kept (the marker
+    names it), if its body can still be read; else None. A message in flight from it is
+    then restored, held, with the recipients its deltas left (R5b): the decoded record
+    may hold the damage, so it never settles mail and waits for the operator."""
+    try:
+        frame = read_frame_at(fs, os.path.join(root, fmt.LOG_DIR), at)
+        marker = rec.decode(frame.type, frame.payload)
+        if not (
+            isinstance(marker, rec.Control)
+            and marker.action == rec.DAMAGED
+            and marker.lost == "envelope"
+            and marker.target == msg_id
+            and marker.copy
+        ):
+            return None  # no copy named, or not one envelope of this message
+        kept = read_file(fs, os.path.join(root, marker.copy))
+        env = single_record(kept[at.offset : at.offset + frame.size])
+        if not isinstance(env, rec.Envelope) or env.msg_id != msg_id:
+            return None
+        read_body(fs, root, msg_id, resolve_body(env, at, frame.size))
+    except (CorruptSpool, rec.RecordError, OSError):
+        return None  # inside a larger region, the copy or the body gone: R5
+    return env
+
+
+def _promoted_copy(
+    fs: FileSystem, root: str, msg_id: str, inline: rec.BodyRef
+) -> rec.BodyRef | None:
+    """The body file a promotion copied ``inline`` to, if it is still there (in incoming/
+    if no checkpoint moved it yet, else in bodies/) and intact: its header and checksum
+    hold, and it holds the inline body's size; None if there is no such copy."""
+    try:
+        data = read_body_file(fs, root, msg_id)
+    except CorruptSpool:
+        return None  # missing or damaged: the data is lost
+    return rec.BodyRef(rec.BODY_FILE, inline.size) if len(data) == inline.size else None
 
 
 def _in_damaged(at: Position, damaged: list[tuple[Position, int]]) -> bool:

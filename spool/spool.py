@@ -137,11 +137,27 @@ class Spool:
         self._open(os.fspath(path), fs or FileSystem(), given, as_clock(clock))
         return self
 
+    @classmethod
+    def _open_for_repair(cls, path: str, fs: FileSystem) -> Spool:
+        """For ``spool check --repair`` only: open with the recorded options although a
+        repair is in progress (``format.REPAIRING_NAME``), to settle what it touched."""
+        self = object.__new__(cls)
+        self._open(path, fs, {}, as_clock(SystemClock()), repairing=True)
+        return self
+
     # --- opening -----------------------------------------------------------------------
 
-    def _open(self, path: str, fs: FileSystem, given: dict[str, Any], clock: Clock) -> None:
+    def _open(
+        self,
+        path: str,
+        fs: FileSystem,
+        given: dict[str, Any],
+        clock: Clock,
+        *,
+        repairing: bool = False,
+    ) -> None:
         self.path = path
-        opened = open_spool(path, fs, given, clock)
+        opened = open_spool(path, fs, given, clock, repairing=repairing)
         self.recovery: RecoveryReport = opened.recovery
         self._opened = opened
         self._state = opened.state
@@ -313,6 +329,10 @@ class Spool:
     ) -> None:
         """For ``spool check --repair`` only (``OperatorDesk.restore_envelope``)."""
         self._desk.restore_envelope(env, data, replaces, reason)
+
+    def _rebind_body(self, msg_id: str) -> bool:
+        """For ``spool check --repair`` only (``OperatorDesk.rebind_body``)."""
+        return self._desk.rebind_body(msg_id)
 
     # --- introspection and lifecycle ---------------------------------------------------
 

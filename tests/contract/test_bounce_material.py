@@ -327,6 +327,41 @@ def test_a_repair_of_the_settings_keeps_the_bodies_kept_for_bounces(tmp_path: Pa
         assert outcome is not None and sp.outcome_body(outcome) == LARGE
 
 
+def test_a_repair_names_where_a_lost_body_file_went_in_the_bounce(tmp_path: Path) -> None:
+    # Before: a damaged or missing body file was reported "at 0:0 (0 bytes)", and the
+    # bounce said its damaged bytes were kept as "corrupt/ (the copy of segment 0)": a
+    # copy that does not exist; the damaged file had gone to corrupt/body.ID.*.bad, and a
+    # missing file left nothing to keep.
+    root = tmp_path / "spool"
+    with open_tracked(root, FakeClock(1.8e9)) as sp:
+        damaged = sp.accept("a@example.org", ["d@example.net"], LARGE)
+        missing = sp.accept("a@example.org", ["m@example.net"], LARGE + b"!")
+        sp.checkpoint()  # the body files move to bodies/
+    raw = bytearray((root / fmt.BODY_DIR / damaged).read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    (root / fmt.BODY_DIR / damaged).write_bytes(bytes(raw))
+    (root / fmt.BODY_DIR / missing).unlink()
+    where = {a.msg_id: str(a.region) for a in check_spool(str(root)).affected}
+    assert where == {
+        damaged: f"{fmt.BODY_DIR}/{damaged}",
+        missing: f"{fmt.BODY_DIR}/{missing}",
+    }
+    report = repair_spool(str(root))
+    assert report.after.clean
+    (kept,) = os.listdir(root / fmt.CORRUPT_DIR)
+    assert kept.startswith(f"body.{damaged}.") and kept.endswith(".bad")
+    with Spool.open(str(root)) as sp:
+        replies = {}
+        for _ in range(2):
+            outcome = sp.next_outcome(timeout=0)
+            assert outcome is not None
+            (failed,) = outcome.failed
+            replies[outcome.msg_id] = failed.reply
+            sp.ack_outcome(outcome.msg_id)
+    assert replies[damaged].endswith(f"kept as {fmt.CORRUPT_DIR}/{kept}")
+    assert replies[missing].startswith("554 5.3.0") and "body file was missing" in replies[missing]
+
+
 @pytest.mark.parametrize("crash", ["before the positions", "none"])
 def test_turning_tracking_on_tracks_the_mail_that_finishes_from_then_on(
     tmp_path: Path, crash: str

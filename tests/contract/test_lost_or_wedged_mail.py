@@ -13,19 +13,20 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from spool import CorruptSpool, Spool, SpoolError, SpoolLocked
 from spool import format as fmt
-from spool.check import check_spool
+from spool.check import check_spool, repair_spool
 from spool.errors import InvalidMessage, MessageTooLarge, SpoolMisuse
 from spool.fs import FileSystem
 from spool.options import RECIPIENTS_LIMIT
 from spool.testing import FakeClock, deliver_all, tree_snapshot
 from spool.testing.crashsim import CrashSimulator, RecordingFS
-from tests.crash.contract import judge, observe
+from tests.crash.contract import judge, live_envelopes, observe
 from tests.crash.workload import OPTIONS, START_TIME, Call, Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -661,3 +662,502 @@ def test_repair_sets_damaged_positions_aside(tmp_path: Path) -> None:
     (root / fmt.POSITIONS_NAME).write_text("garbage\n")
     proc = run_spool("check", "--repair", str(root))
     assert proc.returncode == 0 and "after repair: clean" in proc.stdout, proc.stdout
+
+
+# --- found by the long crash-state run ---------------------------------------------------
+
+
+def _promoted_then_damaged(root: Path, clock: FakeClock) -> str:
+    """A message whose body was copied to a body file when it was deferred a second
+    time (a promotion), with its first segment deleted since and the replacement that
+    named the copy damaged beyond correction. Returns its id."""
+    with Spool.open(root, clock=clock, outcomes=True, **OPTIONS) as sp:
+        msg = sp.accept("a@example.org", ["bob@example.net"], b"the body of M\r\n")
+        for _ in range(4):  # fill the first segment
+            sp.accept("a@example.org", ["f@example.net"], b"f" * 800)
+        while (attempt := sp.claim()) is not None:
+            with attempt:
+                if attempt.msg_id != msg:  # the message is deferred: no report
+                    attempt.delivered(attempt.envelope.recipients, "250 ok")
+        clock.advance(61)
+        with sp.claim() as attempt:  # type: ignore[union-attr]
+            assert attempt.msg_id == msg  # deferred again: the body is copied to a file
+        while (outcome := sp.next_outcome(timeout=0)) is not None:
+            sp.ack_outcome(outcome.msg_id)
+        sp.checkpoint()
+    assert not (root / fmt.LOG_DIR / fmt.segment_name(1)).exists()
+    seg, offset = _record_offset(root, "envelope", -1)  # the replacement naming the copy
+    _flip(seg, offset + 40)
+    _flip(seg, offset + 44)  # two bits: beyond correction, set aside
+    return msg
+
+
+def test_repair_of_a_promoting_replacement_delivers_from_the_body_file(tmp_path: Path) -> None:
+    # Before: recovery rebuilt the message from the envelope its attempt started from,
+    # whose inline body lay in the deleted segment: every claim raised CorruptSpool
+    # "segment file is missing" while `spool check` called the spool clean.
+    root = tmp_path / "spool"
+    clock = FakeClock(START_TIME)
+    msg = _promoted_then_damaged(root, clock)
+    run_spool("check", "--repair", str(root))
+    with Spool.open(root, clock=clock, **OPTIONS) as sp:
+        clock.advance(10**4)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg
+        assert attempt.read_data() == b"the body of M\r\n"
+        attempt.delivered(attempt.envelope.recipients, "250 ok")
+        attempt.close()
+    assert check_spool(str(root)).clean
+
+
+@pytest.mark.parametrize("copy", ["missing", "truncated", "flipped"])
+def test_repair_of_a_promoting_replacement_without_its_copy_bounces(
+    tmp_path: Path, copy: str
+) -> None:
+    # The same, with the body file gone or damaged too: the data is lost, and the sender
+    # is told. Before (a damaged copy, found by an adversarial review): recovery named
+    # the copy without checking it, `spool check` called the spool clean, and every
+    # claim's read_data raised CorruptSpool.
+    root = tmp_path / "spool"
+    clock = FakeClock(START_TIME)
+    msg = _promoted_then_damaged(root, clock)
+    body_file = root / fmt.BODY_DIR / msg
+    if copy == "missing":
+        body_file.unlink()
+    elif copy == "truncated":
+        body_file.write_bytes(body_file.read_bytes()[:-3])
+    else:
+        _flip(body_file, len(body_file.read_bytes()) - 2)
+    run_spool("check", "--repair", str(root))
+    with Spool.open(root, clock=clock, **OPTIONS) as sp:
+        assert sp.claim() is None and list(sp.list()) == []
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is not None and outcome.msg_id == msg
+        [bob] = outcome.recipients
+        assert bob.status == "failed" and "message data lost" in bob.reply
+        with pytest.raises(SpoolError, match="lost to disk damage"):
+            sp.outcome_body(outcome)
+    assert check_spool(str(root)).clean
+
+
+def _held_after_promotion_then_damaged(root: Path, clock: FakeClock) -> str:
+    """A message deferred once (its replacement names the inline body in the first
+    segment), then held (the hold copies the body to a file: a promotion), with the first
+    segment deleted since and the hold's envelope damaged beyond decoding. Returns its id."""
+    with Spool.open(root, clock=clock, outcomes=True, **OPTIONS) as sp:
+        msg = sp.accept("a@example.org", ["bob@example.net"], b"the body of M\r\n")
+        for _ in range(4):  # fill the first segment
+            sp.accept("a@example.org", ["f@example.net"], b"f" * 800)
+        while (attempt := sp.claim()) is not None:
+            with attempt:
+                if attempt.msg_id != msg:  # the message is deferred: no report
+                    attempt.delivered(attempt.envelope.recipients, "250 ok")
+        sp.hold(msg, "look at it")
+        while (outcome := sp.next_outcome(timeout=0)) is not None:
+            sp.ack_outcome(outcome.msg_id)
+        sp.checkpoint()
+    assert not (root / fmt.LOG_DIR / fmt.segment_name(1)).exists()
+    seg, offset = _record_offset(root, "envelope", -1)  # the hold, naming the copy
+    data = bytearray(seg.read_bytes())
+    data[offset + 20 : offset + 50] = bytes(b ^ 0xFF for b in data[offset + 20 : offset + 50])
+    seg.write_bytes(bytes(data))
+    return msg
+
+
+def test_repair_of_a_promoting_hold_names_the_body_file(tmp_path: Path) -> None:
+    # Before: the repair held the message on its earlier envelope, whose inline body lay
+    # in the deleted segment; `spool check` then called the spool clean, and once the
+    # operator released it every claim raised CorruptSpool "segment file is missing".
+    root = tmp_path / "spool"
+    clock = FakeClock(START_TIME)
+    msg = _held_after_promotion_then_damaged(root, clock)
+    report = check_spool(str(root))
+    assert any("segment 1, which is gone" in p.what for p in report.problems), report.problems
+    proc = run_spool("check", "--repair", str(root))
+    assert "now names its body file" in proc.stdout and "after repair: clean" in proc.stdout
+    with Spool.open(root, clock=clock, **OPTIONS) as sp:
+        [entry] = sp.list()
+        assert entry.msg_id == msg and entry.held  # records may be lost: the operator looks
+        sp.release(msg)
+        clock.advance(10**4)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg
+        assert attempt.read_data() == b"the body of M\r\n"
+        attempt.delivered(attempt.envelope.recipients, "250 ok")
+        attempt.close()
+    assert check_spool(str(root)).clean
+
+
+def test_repair_of_a_promoting_hold_without_its_copy_bounces(tmp_path: Path) -> None:
+    # The same, with the body file gone too: nothing can deliver it, and the sender is told.
+    root = tmp_path / "spool"
+    clock = FakeClock(START_TIME)
+    msg = _held_after_promotion_then_damaged(root, clock)
+    (root / fmt.BODY_DIR / msg).unlink()
+    proc = run_spool("check", "--repair", str(root))
+    assert "after repair: clean" in proc.stdout, proc.stdout
+    with Spool.open(root, clock=clock, outcomes=True, **OPTIONS) as sp:
+        assert sp.claim() is None and list(sp.list()) == []
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is not None and outcome.msg_id == msg
+        [bob] = outcome.recipients
+        assert bob.status == "failed" and "message data lost" in bob.reply
+        with pytest.raises(SpoolError, match="segment was removed"):
+            sp.outcome_body(outcome)
+    assert check_spool(str(root)).clean
+
+
+@pytest.mark.parametrize("body", [b"the body of M\r\n", b"x" * 1000])  # promoted; a file
+def test_a_damaged_hold_that_lost_what_it_superseded_leaves_the_message_live_once(
+    tmp_path: Path, body: bytes
+) -> None:
+    # Found by an adversarial review: three bits flipped in the key "sup" of a hold's
+    # envelope; the record still decoded, without what it superseded. The repair restored
+    # it held, superseding only the marker, so the deferred envelope before it came back
+    # to life too: after a release bob was delivered twice (with a promoted body, the
+    # second claim raised CorruptSpool), and `spool check` called the spool clean. Now a
+    # damaged envelope that does not name the envelope its message is queued on is not
+    # restored over it; the queued one is held (the lost record was a hold, or unknown).
+    root = tmp_path / "spool"
+    clock = FakeClock(START_TIME)
+    with Spool.open(root, clock=clock, **OPTIONS) as sp:
+        msg = sp.accept("a@example.org", ["bob@example.net"], body)
+        for _ in range(4):  # fill the first segment
+            sp.accept("a@example.org", ["f@example.net"], b"f" * 800)
+        while (attempt := sp.claim()) is not None:
+            with attempt:
+                if attempt.msg_id != msg:  # the message is deferred: no report
+                    attempt.delivered(attempt.envelope.recipients, "250 ok")
+        sp.hold(msg, "look at it")
+        sp.checkpoint()
+    seg, offset = _record_offset(root, "envelope", -1)  # the hold
+    data = bytearray(seg.read_bytes())
+    key = data.index(b"csup", offset) + 1
+    for k in range(3):
+        data[key + k] ^= 0x01
+    seg.write_bytes(bytes(data))
+    proc = run_spool("check", "--repair", str(root))
+    assert "after repair: clean" in proc.stdout, proc.stdout
+    assert live_envelopes(str(root)) == {msg: 1}
+    with Spool.open(root, clock=clock, **OPTIONS) as sp:
+        [entry] = sp.list()
+        assert entry.msg_id == msg and entry.held
+        sp.release(msg)
+        clock.advance(10**4)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg
+        assert attempt.read_data() == body
+        attempt.delivered(attempt.envelope.recipients, "250 ok")
+        attempt.close()
+        assert sp.claim() is None  # delivered once
+    assert check_spool(str(root)).clean
+
+
+@pytest.mark.parametrize("kill_at", ["rewrite", "positions"])
+def test_a_repair_killed_before_it_restored_an_envelope_restores_it_when_run_again(
+    tmp_path: Path, kill_at: str
+) -> None:
+    # Found by an adversarial review: the only envelope of a queued message damaged (three
+    # bits of its sender) but still decoding; a repair killed right after it rewrote the
+    # segment, and run again, named the message lost (the marker cannot hold the
+    # envelope), and `spool check` in between called the spool clean. An owner opened in
+    # between could also retire the marker's segment, and with it the message, for good:
+    # until a repair runs to its end, opens are refused. Killed later, as its own open
+    # wrote positions (a further review), the rerun's recovery scanned from them, missed
+    # the markers and removed the message's body file as an orphan: it restores now.
+    root = tmp_path / "spool"
+    run_child(  # an accept, then a crash: its body file is still in incoming/
+        f"""
+        import os
+        from spool import Spool
+        from tests.crash.workload import OPTIONS
+        sp = Spool.open({str(root)!r}, **OPTIONS)
+        sp.accept("sender@example.org", ["bob@example.net"], b"y" * 1000)
+        os._exit(0)
+        """
+    )
+    [msg] = [p.name for p in (root / fmt.INCOMING_DIR).iterdir()]
+    seg = root / fmt.LOG_DIR / fmt.segment_name(1)
+    data = bytearray(seg.read_bytes())
+    at = data.index(b"sender@example.org")
+    for k in range(3):
+        data[at + k] ^= 0x01  # "sender" -> "rdoder": still decodes, beyond correction
+    seg.write_bytes(bytes(data))
+    trigger = KILL_AFTER_POSITIONS if kill_at == "positions" else KILL_AFTER_REWRITE
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_REPAIR.format(root=str(root), trigger=trigger)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 9, proc.stderr  # killed before step 2 restored anything
+    report = check_spool(str(root))
+    assert any("not restored yet" in p.what for p in report.problems), report.problems
+    assert any("repair of this spool was interrupted" in p.what for p in report.problems)
+    before = tree_snapshot(root)
+    with pytest.raises(CorruptSpool, match="repair of this spool was interrupted"):
+        Spool.open(root, **OPTIONS)
+    after = tree_snapshot(root)
+    assert {k: v for k, v in after.items() if k != fmt.LOCK_NAME} == {
+        k: v for k, v in before.items() if k != fmt.LOCK_NAME
+    }  # refused: nothing written but the lock file, which names its last holder
+    proc = run_spool("check", "--repair", str(root))
+    assert "restored, held" in proc.stdout and "after repair: clean" in proc.stdout, proc.stdout
+    with Spool.open(root, **OPTIONS) as sp:
+        [entry] = sp.list()
+        assert entry.msg_id == msg and entry.held and entry.recipients == ("bob@example.net",)
+
+
+# A repair that dies (os._exit) at the first directory fsync after a rename: after the
+# rename of a rewritten segment into place (the markers are on disk, nothing settled yet),
+# or after its own open put restart positions in place (recovery ran, nothing settled).
+KILL_AFTER_REWRITE = "src.endswith('.repair')"
+KILL_AFTER_POSITIONS = "dst.endswith('/positions')"
+KILLED_REPAIR = """
+import os
+from spool.check import repair_spool
+from spool.fs import FileSystem
+
+class KilledAfterRewrite(FileSystem):
+    armed = False
+
+    def rename(self, src, dst):
+        super().rename(src, dst)
+        KilledAfterRewrite.armed |= {trigger}
+
+    def fsync_dir(self, path):
+        super().fsync_dir(path)
+        if KilledAfterRewrite.armed:
+            os._exit(9)
+
+repair_spool({root!r}, fs=KilledAfterRewrite())
+"""
+
+
+def test_a_damaged_envelope_whose_id_names_another_message_does_not_replace_it(
+    tmp_path: Path,
+) -> None:
+    # Found by an adversarial review: M1's only envelope damaged so that its id field
+    # reads the id of M2, queued and intact, while the record still decodes. Restoring
+    # it over M2's envelope dropped M2's recipient without a trace; restoring it beside
+    # it left two live envelopes of M2. Now M2 is held (kept whole) and M1 is named lost.
+    root = tmp_path / "spool"
+    with Spool.open(root, **OPTIONS) as sp:
+        m2 = sp.accept("carol@example.org", ["dave@example.net"], b"M2 body " * 200)
+        m1 = sp.accept("alice@example.org", ["bob@example.net"], b"M1 body " * 200)
+    seg, offset = _record_offset(root, "envelope", 1)  # M1's
+    data = bytearray(seg.read_bytes())
+    at = data.index(m1.encode(), offset)
+    data[at : at + 16] = m2.encode()
+    data[data.index(b"alice", offset)] ^= 0x01  # and one more bit: beyond correction
+    seg.write_bytes(bytes(data))
+    proc = run_spool("check", "--repair", str(root))
+    assert "after repair: clean" in proc.stdout, proc.stdout
+    assert f"{m1}: envelope lost" in proc.stdout, proc.stdout
+    assert live_envelopes(str(root)) == {m2: 1}
+    with Spool.open(root, **OPTIONS) as sp:
+        [entry] = sp.list()
+        assert entry.msg_id == m2 and entry.held and entry.recipients == ("dave@example.net",)
+        sp.release(m2)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.envelope.recipients == ("dave@example.net",)
+        assert attempt.read_data() == b"M2 body " * 200
+        attempt.close()
+
+
+IN_FLIGHT_CHILD = """
+import os
+from spool import Spool
+from spool.testing import FakeClock
+from tests.crash.workload import OPTIONS
+sp = Spool.open({root!r}, clock=FakeClock({start!r}), outcomes=True, **OPTIONS)
+sp.accept("alice@example.org", {recipients!r}, b"x" * {size})
+attempt = sp.claim()
+attempt.delivered(["bob@example.net"], "250 ok")  # durable: bob is settled
+os._exit(0)  # a crash with the attempt open
+"""
+
+
+def _in_flight_then_damaged(
+    root: Path,
+    size: int,
+    recipients: tuple[str, ...] = ("bob@example.net", "carol@example.net"),
+    undecodable: bool = False,
+) -> str:
+    """A message whose attempt delivered bob and crashed before the others, its only
+    envelope then damaged beyond correction (three bits of its sender) but still
+    decoding."""
+    # Near the real clock, which the repair's own open keeps (its held envelope then
+    # waits for the operator, not for a clock that ran ahead).
+    start = time.time() - 100
+    child = IN_FLIGHT_CHILD.format(
+        root=str(root), size=size, recipients=list(recipients), start=start
+    )
+    run_child(child)
+    seg, offset = _record_offset(root, "envelope")
+    data = bytearray(seg.read_bytes())
+    at = data.index(b"alice@", offset)
+    for k in range(3):
+        data[at + 1 + k] ^= 0x01  # "alice" -> "amhbe"
+    if undecodable:
+        data[offset + 20 : offset + 50] = bytes(b ^ 0xFF for b in data[offset + 20 : offset + 50])
+    seg.write_bytes(bytes(data))
+    [msg] = [p.name for p in (root / fmt.INCOMING_DIR).iterdir()] if size > 900 else [""]
+    return msg
+
+
+@pytest.mark.parametrize("size", [1000, 100])  # a body file; an inline body
+def test_a_damaged_envelope_of_a_message_in_flight_is_restored_with_the_recipients_left(
+    tmp_path: Path, size: int
+) -> None:
+    # Found by an adversarial review: recovery (in the repair's open) finished the message
+    # as one whose envelope was lost, with bob's outcome; then the repair restored the
+    # damaged envelope, held, with every recipient after that finish, so a release sent
+    # bob the message again (a body file), or carol was dropped with no bounce (inline).
+    root = tmp_path / "spool"
+    _in_flight_then_damaged(root, size)
+    report = repair_spool(str(root))  # in this process: recovery's branches are measured
+    assert report.after.clean and any("while in flight" in fate for _m, fate in report.fates)
+    clock = FakeClock(time.time() + 5)
+    with Spool.open(root, clock=clock, **OPTIONS) as sp:
+        [entry] = sp.list()
+        assert entry.held and entry.recipients == ("carol@example.net",)
+        assert "damaged" in (entry.held or "")
+        for _ in range(4):  # more mail, delivered: the log moves past the first segment
+            sp.accept("z@example.org", ["y@example.net"], b"f" * 800)
+        while (other := sp.claim()) is not None:
+            with other:
+                other.delivered(other.envelope.recipients, "250 ok")
+        while (done := sp.next_outcome(timeout=0)) is not None:
+            sp.ack_outcome(done.msg_id)  # nothing else keeps the first segment
+        sp.checkpoint()  # before (a further review): the restored inline body's segment went
+        sp.release(entry.msg_id)
+        clock.advance(10**5)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.envelope.recipients == ("carol@example.net",)
+        assert attempt.read_data() == b"x" * size
+        attempt.failed(["carol@example.net"], "550 5.1.1 no such user")
+        attempt.close()
+        assert sp.claim() is None
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is not None and sp.next_outcome(timeout=0) is None  # one outcome
+        statuses = {o.recipient: o.status for o in outcome.recipients}
+        assert statuses == {"bob@example.net": "delivered", "carol@example.net": "failed"}
+    assert check_spool(str(root)).clean
+
+
+@pytest.mark.parametrize("loss", ["copy gone", "copy changed", "body gone"])
+def test_a_message_in_flight_whose_damaged_envelope_cannot_be_read_back_is_finished(
+    tmp_path: Path, loss: str
+) -> None:
+    # Without the kept copy of the damaged envelope, or without its body, recovery (in
+    # the repair run again) finishes the message with the outcomes its deltas settled
+    # (R5), as before.
+    root = tmp_path / "spool"
+    msg = _in_flight_then_damaged(root, 1000)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_REPAIR.format(root=str(root), trigger=KILL_AFTER_REWRITE)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 9, proc.stderr  # the marker is written, nothing settled
+    [copy] = [p for p in (root / fmt.CORRUPT_DIR).iterdir() if ".seg." in p.name]
+    if loss == "copy gone":
+        copy.unlink()
+    elif loss == "copy changed":
+        copy.write_bytes(bytes(len(copy.read_bytes())))
+    else:
+        (root / fmt.INCOMING_DIR / msg).unlink()
+    assert repair_spool(str(root)).after.clean
+    _assert_finished_as_lost_with_bob_delivered(root)
+
+
+def test_a_damaged_envelope_of_a_message_in_flight_with_nobody_left_is_finished(
+    tmp_path: Path,
+) -> None:
+    # Every recipient settled before the crash: nothing to restore. A damaged record never
+    # settles mail, so the finish is the one for a lost envelope, with bob's outcome.
+    root = tmp_path / "spool"
+    _in_flight_then_damaged(root, 100, recipients=("bob@example.net",))
+    assert repair_spool(str(root)).after.clean
+    _assert_finished_as_lost_with_bob_delivered(root)
+
+
+def test_a_message_in_flight_whose_envelope_no_longer_decodes_is_finished(
+    tmp_path: Path,
+) -> None:
+    # The marker names no envelope it could stand for: R5, the outcomes the deltas settled.
+    root = tmp_path / "spool"
+    _in_flight_then_damaged(root, 100, undecodable=True)
+    assert repair_spool(str(root)).after.clean
+    _assert_finished_as_lost_with_bob_delivered(root)
+
+
+def _assert_finished_as_lost_with_bob_delivered(root: Path) -> None:
+    """Recovery finished the message as one whose envelope was lost (R5): nothing queued,
+    one outcome naming only what the deltas settled (bob delivered)."""
+    with Spool.open(root, clock=FakeClock(START_TIME + 100), **OPTIONS) as sp:
+        assert list(sp.list()) == [] and sp.claim() is None
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is not None and outcome.reason == "envelope lost to disk damage"
+        assert [(o.recipient, o.status) for o in outcome.recipients] == [
+            ("bob@example.net", "delivered")
+        ]
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])  # the file in incoming/, bodies/
+def test_a_repair_killed_as_it_restores_never_loses_the_body_file(
+    tmp_path: Path, checkpointed: bool
+) -> None:
+    # Found by an adversarial review (a repair killed at every file operation): restoring
+    # a damaged envelope whose body was in a file wrote the file again, truncating it
+    # first (or creating an empty one in incoming/ that hid the copy in bodies/); killed
+    # right then, the rerun found no body and named the message lost, with no bounce.
+    root = tmp_path / "spool"
+    run_child(
+        f"""
+        import os
+        from spool import Spool
+        from tests.crash.workload import OPTIONS
+        sp = Spool.open({str(root)!r}, **OPTIONS)
+        sp.accept("beatrix@example.org", ["eve@example.net"], b"B" * 1000)
+        if {checkpointed!r}:
+            sp.checkpoint()  # moves the body file to bodies/
+        os._exit(0)
+        """
+    )
+    seg = root / fmt.LOG_DIR / fmt.segment_name(1)
+    data = bytearray(seg.read_bytes())
+    at = data.index(b"beatrix@")
+    for k in range(1, 4):
+        data[at + k] ^= 0x01  # still decodes, beyond correction
+    seg.write_bytes(bytes(data))
+    killed = KILLED_AT_BODY_FILE.format(root=str(root))
+    subprocess.run([sys.executable, "-c", killed], capture_output=True, text=True, cwd=ROOT)
+    run_spool("check", "--repair", str(root))  # finishes an interrupted repair, if any
+    with Spool.open(root, clock=FakeClock(time.time() + 10**6), **OPTIONS) as sp:
+        [entry] = sp.list()
+        assert entry.held and entry.recipients == ("eve@example.net",)
+        sp.release(entry.msg_id)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.read_data() == b"B" * 1000
+        attempt.close()
+
+
+# A repair that dies (os._exit) as soon as it creates or truncates a body file.
+KILLED_AT_BODY_FILE = """
+import os
+from spool.check import repair_spool
+from spool.fs import FileSystem
+
+class KilledAtBodyFile(FileSystem):
+    def open(self, path, flags, mode=0o600):
+        fd = super().open(path, flags, mode)
+        body = "/incoming/" in path or "/bodies/" in path
+        if body and flags & (os.O_CREAT | os.O_TRUNC):
+            os._exit(9)
+        return fd
+
+repair_spool({root!r}, fs=KilledAtBodyFile())
+"""

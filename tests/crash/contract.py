@@ -4,7 +4,8 @@
 apply, as for every CLI command), lists the queue, closes, runs the spool's own
 consistency check, walks the log independently of the queue view to find every live
 envelope (two live envelopes of one message would mean a double delivery), reopens,
-lists again, claims everything due and takes every outcome handed out. ``judge``
+lists again, claims everything due (reading each body), reads the body of every held
+message (a release would hand it out) and takes every outcome handed out. ``judge``
 compares the observation with what the workload had been told before the crash:
 
 - every acknowledged accept is present: queued, or every recipient settled;
@@ -25,17 +26,22 @@ message it names with an acknowledged recipient pending.
 
 from __future__ import annotations
 
+import os
+
 import attrs
 
 from spool import Spool
 from spool import format as fmt
 from spool import records as rec
+from spool.bodies import read_body
 from spool.check import check_spool, repair_spool
 from spool.framing import Frame, parse_frame
 from spool.fs import FileSystem
 from spool.options import load_settings
 from spool.queue_view import walk
+from spool.reader import read_frame_at
 from spool.records import Position
+from spool.recovery import resolve_body
 from spool.segment_header import check_segment_header, segment_salt
 from spool.testing import FakeClock, deliver_all
 from tests.crash.workload import START_TIME, TUNING, Ledger
@@ -103,6 +109,7 @@ def observe(root: str, *, second_open: bool = True) -> Observation:
                 reopened = _queue(sp)
                 clock.advance(sp.options.longest_interval + 1)  # recovery's come due too
                 handed_out = _claim_all(sp)
+                _read_held_bodies(sp)
                 outcomes = _all_outcomes(sp) if sp.options.outcomes else None
     except Exception as exc:  # every failure is an observation; judge() says which are bad
         return Observation(f"{type(exc).__name__}: {exc}", {}, {}, {}, (), None)
@@ -123,6 +130,20 @@ def _claim_all(sp: Spool) -> list[tuple[str, tuple[str, ...]]]:
     for a in attempts:
         a.close()
     return out
+
+
+def _read_held_bodies(sp: Spool) -> None:
+    """Read the body of every held message, as a release and a claim would: a held
+    message whose body cannot be read is mail that no release can deliver (it raises)."""
+    for entry in sp.list():
+        if entry.held is None:
+            continue
+        frame = read_frame_at(FileSystem(), os.path.join(sp.path, fmt.LOG_DIR), entry.envelope_at)
+        env = rec.decode(frame.type, frame.payload)
+        assert isinstance(env, rec.Envelope)
+        read_body(
+            FileSystem(), sp.path, env.msg_id, resolve_body(env, entry.envelope_at, frame.size)
+        )
 
 
 def _all_outcomes(sp: Spool) -> list[str]:
@@ -236,6 +257,8 @@ class RepairedObservation:
     problems_after: tuple[str, ...]
     observed: Observation | None
     problems_at_end: tuple[str, ...]
+    # (message, statuses its finish gave) of each message whose body the repair lost
+    lost_body_endings: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def observe_repaired(root: str) -> RepairedObservation:
@@ -249,6 +272,8 @@ def observe_repaired(root: str) -> RepairedObservation:
         )
     named = frozenset(m for m, _ in report.fates) | {a.msg_id for a in report.before.affected}
     after = tuple(f"{p.path}:{p.offset}: {p.what}" for p in report.after.problems)
+    lost = {m for m, fate in report.fates if fate.startswith("its body was lost")}
+    endings = _endings(root, lost) if lost else ()
     obs = observe(root)
     try:
         clock = FakeClock(START_TIME + 10**7)
@@ -258,7 +283,19 @@ def observe_repaired(root: str) -> RepairedObservation:
         Spool.open(root, **TUNING).close()
     except Exception as exc:
         end = (f"after more work: {type(exc).__name__}: {exc}",)
-    return RepairedObservation(None, named, report.fates, after, obs, end)
+    return RepairedObservation(None, named, report.fates, after, obs, end, endings)
+
+
+def _endings(root: str, msg_ids: set[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The statuses each finish record of ``msg_ids`` gives its recipients."""
+    found: list[tuple[str, tuple[str, ...]]] = []
+    try:
+        for _pos, record, _frame in walk(FileSystem(), root):
+            if isinstance(record, rec.Finish) and record.msg_id in msg_ids:
+                found.append((record.msg_id, tuple(o.status for o in record.outcomes)))
+    except Exception as exc:
+        found.append(("(walk)", (f"{type(exc).__name__}: {exc}",)))
+    return tuple(found)
 
 
 def judge_repaired(
@@ -280,6 +317,11 @@ def judge_repaired(
         bad.append(f"damaged {what} touched no mail, but the repair named {sorted(obs.named)}")
     if kinds <= {"pad", "header", "body"} and bodies and not obs.named <= bodies:
         bad.append(f"a damaged body of {sorted(bodies)}, but the repair named {sorted(obs.named)}")
+    for msg, statuses in obs.lost_body_endings:
+        if rec.DELETED in statuses or not statuses:
+            bad.append(
+                f"{msg}: its body was lost and it ended {statuses}: no bounce tells its sender"
+            )
     assert obs.observed is not None
     seen = obs.observed
     exempt = obs.named | {owner for kind, owner in damaged if kind == "control"}

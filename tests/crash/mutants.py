@@ -240,6 +240,35 @@ def repair_holds_nothing(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(check, "_settle_one", settle)
 
 
+def repair_deletes_lost_bodies(mp: pytest.MonkeyPatch) -> None:
+    """``spool check --repair`` ends a message whose body it lost silently (``delete``)
+    instead of failing its recipients: the sender never hears of it."""
+    original = check._settle_one
+
+    class Deleting:
+        def __init__(self, sp: Any) -> None:
+            self.sp = sp
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sp, "delete" if name == "bounce" else name)
+
+    mp.setattr(check, "_settle_one", lambda sp, affected: original(Deleting(sp), affected))
+
+
+def repair_ignores_bodies_in_gone_segments(mp: pytest.MonkeyPatch) -> None:
+    """``spool check`` overlooks a queued message whose inline body lies in a segment
+    deleted since (the envelope naming its copy was set aside): the repair leaves a
+    message that no claim can read."""
+    mp.setattr(check, "_bodies_in_gone_segments", lambda *args: [])
+
+
+# The workload that reaches a mutant's broken rule at once, where the menus reach it
+# only rarely: the explorer tries it first.
+FAVOURED_WORKLOADS: dict[str, str] = {
+    "repair_ignores_bodies_in_gone_segments": "held-after-a-deferral",
+}
+
+
 MUTANTS: dict[str, Mutant] = {
     f.__name__: f
     for f in (
@@ -259,6 +288,8 @@ MUTANTS: dict[str, Mutant] = {
         acknowledgement_forgotten_when_read_past,
         open_forgets_the_outcome_setting,
         repair_holds_nothing,
+        repair_deletes_lost_bodies,
+        repair_ignores_bodies_in_gone_segments,
     )
 }
 

@@ -195,7 +195,29 @@ MENUS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
 # acknowledged, the older not; after a restart the outcome reader reads past the
 # acknowledged one while the older holds the outcome front back, and a checkpoint and
 # another restart follow: the acknowledged outcome must never come back.
+# "held-after-a-deferral": a small message (its body inline) is deferred once its first
+# segment is full, so its replacement, in the next segment, names the body in the first;
+# it is then held, which copies the body to a file (a promotion) and frees the first
+# segment, which a checkpoint deletes. Damage to the hold's envelope (the flipped-byte
+# layer) must leave a message that a release can deliver: the repair names the copy.
 SCRIPTS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    (
+        "held-after-a-deferral",
+        (
+            "accept-small",
+            *("accept-medium",) * 3,
+            "defer",
+            *("deliver",) * 3,
+            "hold",
+            "checkpoint",
+            *("accept-medium", "deliver") * 2,
+            "checkpoint",
+            "release",
+            "advance-all",
+            "attempt",
+        ),
+        False,
+    ),
     (
         "acknowledged-out-of-order",
         (
@@ -325,6 +347,13 @@ class _Workload:
 
     def do_accept(self) -> None:
         self._accept(self.rng.choice((40, 300, 1200)))
+
+    def do_accept_small(self) -> None:
+        self._accept(40)
+
+    def do_accept_medium(self) -> None:
+        """An accept whose body is inline and fills about a third of a segment."""
+        self._accept(800)
 
     def do_accept_large(self) -> None:
         """An accept whose body goes to a file (over ``inline_body_max``)."""
