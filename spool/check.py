@@ -83,7 +83,6 @@ from spool.damage import (
     replacement,
     same_id,
     scan_segment,
-    single_record,
 )
 from spool.directory import archive_file
 from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
@@ -382,27 +381,14 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
 
 
 def _with_kept_record(fs: FileSystem, root: str, marker: Region) -> Region:
-    """``marker`` with the one record it stands for, as it still decodes in the copy of
-    the damaged segment that the repair kept: a repair interrupted before it restored a
-    damaged envelope restores it when run again (the marker cannot hold its content)."""
-    if marker.lost != "envelope" or not marker.copy:
+    """``marker`` with the one envelope it stands for, read back from the copy of the
+    damaged segment that the repair kept (``recovery.kept_envelope``): a repair interrupted
+    before it restored a damaged envelope restores it when run again."""
+    if marker.lost != "envelope":
         return marker
-    try:
-        kept = read_file(fs, os.path.join(root, marker.copy))
-    except OSError:
-        return marker
-    record = single_record(kept[marker.start : marker.end])
-    if not isinstance(record, rec.Envelope) or record.msg_id != marker.lost_target:
-        return marker
-    try:  # as _restore_one reads it: a body that is gone leaves nothing to restore
-        if record.body.kind == rec.BODY_FILE:
-            read_body_file(fs, root, record.msg_id)
-        else:
-            at = record.body.at or Position(marker.segment, marker.end)
-            read_inline_body(fs, os.path.join(root, fmt.LOG_DIR), record.msg_id, at)
-    except SpoolError:
-        return marker
-    return attrs.evolve(marker, record=record)
+    at = Position(marker.segment, marker.start)
+    record = recovery.kept_envelope(fs, root, marker.lost_target, at)
+    return marker if record is None else attrs.evolve(marker, record=record)
 
 
 def _bodies_in_gone_segments(

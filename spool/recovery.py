@@ -586,7 +586,7 @@ def _decide_all(
         retired = w.envelope_at.segment < first_segment
         marked_after = any(at > w.start_at for at, _size in damaged)
         gone = _in_damaged(w.envelope_at, damaged) or (retired and marked_after)
-        kept = _kept_envelope(fs, root, msg_id, w.envelope_at) if gone and not retired else None
+        kept = kept_envelope(fs, root, msg_id, w.envelope_at) if gone and not retired else None
         if gone and kept is None:
             # R5: the envelope is gone: in bytes a repair set aside, or (its attempt's
             # settling record set aside after the start) in a segment retired since. Its
@@ -702,7 +702,7 @@ def _finish_lost(msg_id: str, w: _Working, now: float) -> rec.Finish:
     return rec.Finish(msg_id, now, rec.BodyRef(rec.BODY_FILE, 0), outcomes, ENVELOPE_LOST_REASON)
 
 
-def _kept_envelope(fs: FileSystem, root: str, msg_id: str, at: Position) -> rec.Envelope | None:
+def kept_envelope(fs: FileSystem, root: str, msg_id: str, at: Position) -> rec.Envelope | None:
     """The envelope of ``msg_id`` that a repair's ``damaged`` marker at ``at`` stands for,
     as it still decodes in the copy of the damaged segment the repair kept (the marker
     names it), if its body can still be read; else None. A message in flight from it is
