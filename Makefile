@@ -56,6 +56,7 @@ fmt: $(STAMP)
 	$(BIN)/ruff format spool tests tools
 	$(BIN)/ruff check --fix spool tests tools
 
+# The system at work: `spool serve` with two demo workers, fed generated mail (tools/demo.py).
 run: $(STAMP)
 	$(BIN)/python -m tools.demo $(SPOOL_DIR)
 

@@ -1,12 +1,15 @@
 """spool: a crash-only, log-structured mail spool.
 
-The public API is what this module exports (``records`` for the records ``Spool.show``
-returns, ``Position`` and ``RestartPositions`` for where they are); everything else is
-internal. See README.md for an embedding example and docs/ for the design, the format
-and the fault model.
+The public API is what this module exports: ``Spool.open`` in process, or ``connect`` to a
+running ``spool serve`` with the same calls (``records`` for the records ``show`` returns,
+``Position`` and ``RestartPositions`` for where they are); everything else is internal.
+See README.md for an embedding example and docs/ for the design, the format and the fault
+model.
 """
 
 from spool import records
+from spool.async_client import AsyncAttempt, AsyncClient, aconnect
+from spool.client import Client, RemoteAttempt, connect
 from spool.errors import (
     AttemptExpired,
     BadSpoolDirectory,
@@ -16,6 +19,9 @@ from spool.errors import (
     InvalidAddress,
     InvalidMessage,
     MessageTooLarge,
+    OwnerUnreachable,
+    PeerRefused,
+    ProtocolError,
     SpoolClosed,
     SpoolError,
     SpoolFailed,
@@ -40,10 +46,13 @@ from spool.spool import (
 
 __all__ = [
     "ActionResult",
+    "AsyncAttempt",
+    "AsyncClient",
     "Attempt",
     "AttemptExpired",
     "BadSpoolDirectory",
     "BodyGone",
+    "Client",
     "CorruptSpool",
     "DiskFull",
     "InvalidAddress",
@@ -52,9 +61,13 @@ __all__ = [
     "MessageOutcome",
     "MessageTooLarge",
     "OperatorAction",
+    "OwnerUnreachable",
+    "PeerRefused",
     "Position",
+    "ProtocolError",
     "QueueEntry",
     "RecoveryReport",
+    "RemoteAttempt",
     "RestartPositions",
     "Spool",
     "SpoolClosed",
@@ -65,5 +78,7 @@ __all__ = [
     "SpoolOptions",
     "SpoolStatistics",
     "UnknownMessage",
+    "aconnect",
+    "connect",
     "records",
 ]

@@ -32,7 +32,7 @@ from spool.bodies import read_body
 from spool.body_keeping import BodyKeeper
 from spool.errors import AttemptExpired, SpoolClosed, SpoolMisuse
 from spool.records import Position
-from spool.recovery import resolve_body, successor_envelope
+from spool.recovery import CRASH_LOOP_HOLD, resolve_body, successor_envelope
 from spool.runners import NotDue
 from spool.scheduling import Scheduler
 from spool.state import SpoolState
@@ -128,6 +128,18 @@ class Attempt:
         self._book.state.check_process()
         with self._book.state.lock:
             self._book.close_attempt(self._flight)
+
+    def close_crashed(self) -> None:
+        """End the attempt because its delivery process died in it (idempotent).
+
+        As ``close``, and the message's crash count grows as a crash of the spool during
+        the attempt would make it grow: at ``crash_limit`` crashes in a row the message is
+        held (the crash-loop breaker), so mail that kills its agent cannot kill it for ever.
+        ``spool serve`` calls it for the attempts of a worker whose connection dropped.
+        """
+        self._book.state.check_process()
+        with self._book.state.lock:
+            self._book.close_attempt(self._flight, crashed=True)
 
     def __enter__(self) -> Attempt:
         return self
@@ -308,8 +320,9 @@ class AttemptBook:
 
     # --- ending ------------------------------------------------------------------------
 
-    def close_attempt(self, flight: InFlight) -> None:
-        """End an attempt: its unreported recipients are deferred. Lock held."""
+    def close_attempt(self, flight: InFlight, *, crashed: bool = False) -> None:
+        """End an attempt: its unreported recipients are deferred; ``crashed`` counts the
+        ending as a crash (``Attempt.close_crashed``). Lock held."""
         if flight.closed or self.state.closed:
             return
         now = self.state.now()
@@ -323,10 +336,13 @@ class AttemptBook:
             self.state.counts["deferred"] += len(rcpts)
         # Not waited for: recovery rebuilds the same outcome from the durable deltas
         # and the operator's control records (an action taken in flight).
-        self.settle(flight, now, "all recipients settled")
+        self.settle(flight, now, "all recipients settled", crashed=crashed)
 
-    def settle(self, flight: InFlight, now: float, reason: str) -> None:
+    def settle(self, flight: InFlight, now: float, reason: str, *, crashed: bool = False) -> None:
         """Write the replacement envelope or the finish record; the attempt is over.
+
+        A replacement after an attempt that ``crashed`` carries the crash count one up (and
+        is held at ``crash_limit``, as recovery's R3 holds); any other carries it at 0.
 
         Neither is waited for: until they are durable the start record is unsettled, and
         recovery rebuilds the same outcome from the envelope and the durable deltas.
@@ -345,8 +361,12 @@ class AttemptBook:
         remaining = tuple(r for r in env.recipients if r in flight.deferred)
         if remaining:
             attempts = env.attempts + 1
-            klass = options.last_class if flight.hold else options.class_for_attempts(attempts)
-            body, promoted_from = self.bodies.promote(env, flight.body, klass, flight.hold, now)
+            crashes = env.crashes + 1 if crashed else 0
+            held = flight.hold
+            if held is None and crashes >= options.crash_limit:
+                held = CRASH_LOOP_HOLD.format(crashes=crashes)
+            klass = options.last_class if held else options.class_for_attempts(attempts)
+            body, promoted_from = self.bodies.promote(env, flight.body, klass, held, now)
             replacement = successor_envelope(
                 env,
                 flight.envelope_at,
@@ -355,8 +375,8 @@ class AttemptBook:
                 body=body,
                 now=now,
                 klass=klass,
-                held=flight.hold,
-                crashes=0,
+                held=held,
+                crashes=crashes,
                 last_reply=flight.deferred[remaining[-1]],
                 promoted_from=promoted_from,
             )

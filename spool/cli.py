@@ -2,9 +2,11 @@
 
 Read-only commands (list, show, stats, dump, check) take no lock and write nothing: they
 read the durable part of the log, so they work beside a running owner. Commands that
-change the spool (recover, hold, release, delete, retry, accept, checkpoint, check
---repair) open it, which takes the owner lock; a running owner makes them fail with a
-message naming its pid.
+change the spool (hold, release, delete, bounce, retry, accept, checkpoint) ask the running
+owner (``spool serve``) through its control socket when one runs, and otherwise open the
+spool themselves, which takes the owner lock; they print the same either way. ``recover``
+and ``check --repair`` need the spool to themselves: a running owner makes them fail with
+a message naming its pid. ``serve`` runs the owner; ``status`` asks it how it is doing.
 
 Exit codes: 0 success, 1 problems found or refused, 2 usage. Errors print one line;
 ``--debug`` shows the traceback. ``--json`` prints one JSON object, or JSON lines for
@@ -31,9 +33,11 @@ import click
 from spool import format as fmt
 from spool import records as rec
 from spool.check import CheckReport, check_spool, repair_spool
-from spool.errors import SpoolError, SpoolLocked
+from spool.client import Client, connect, socket_path
+from spool.errors import OwnerUnreachable, SpoolError, SpoolLocked
 from spool.fs import FileSystem
 from spool.lock import read_owner_pid
+from spool.logs import LOG_FORMATS, setup_logging
 from spool.options import SpoolOptions, load_settings, resolve_options
 from spool.positions import load_positions
 from spool.queue_view import QueueEntry, history, live_messages, walk
@@ -151,6 +155,24 @@ def open_spool(directory: str) -> Spool:
     """Open (and so recover) the spool; it keeps the settings its owner recorded."""
     require_spool(directory)
     return Spool.open(directory)
+
+
+def running_owner(directory: str) -> Client | None:
+    """A connection to the owner serving ``directory``, or None when none answers (then
+    the command opens the spool itself; a live owner that does not answer makes that open
+    fail with ``SpoolLocked``, naming its pid)."""
+    if not os.path.exists(socket_path(directory)):
+        return None
+    try:
+        return connect(directory)
+    except OwnerUnreachable:
+        return None
+
+
+def spool_or_owner(directory: str) -> Spool | Client:
+    """The running owner if there is one, else the spool opened here."""
+    client = running_owner(directory)
+    return client if client is not None else open_spool(directory)
 
 
 # --- the command group -----------------------------------------------------------------
@@ -660,6 +682,20 @@ def selected_ids(msg_ids: tuple[str, ...]) -> list[str] | None:
     return ids
 
 
+def select_remote(
+    client: Client, ids: list[str] | None, where: Callable[[QueueEntry], bool] | None
+) -> list[str] | None:
+    """The ids ``Spool.act(action, ids, where=where)`` would act on, for an owner (a test
+    cannot travel over the socket: the listing comes here and is narrowed here). Ids that
+    are not live stay in, for the owner to report as unknown."""
+    if where is None:
+        return ids
+    live = {e.msg_id: e for e in client.list()}
+    if ids is None:
+        return [m for m, e in live.items() if where(e)]
+    return [m for m in ids if m not in live or where(live[m])]
+
+
 def operator_command(action: OperatorAction, help_text: str, reason: bool = False) -> None:
     """Register ``spool hold`` and its kin: ids, ``-``, ``--all`` or filters; one walk."""
 
@@ -685,8 +721,12 @@ def operator_command(action: OperatorAction, help_text: str, reason: bool = Fals
         where = (
             (lambda e: matches(e, sender, recipient, held, older_than, now)) if filtered else None
         )
-        with open_spool(directory) as sp:
-            result = sp.act(action, ids, where=where, reason=reason)
+        with spool_or_owner(directory) as sp:
+            if isinstance(sp, Client):
+                ids = select_remote(sp, ids, where)
+                result = sp.act(action, ids, reason=reason)
+            else:
+                result = sp.act(action, ids, where=where, reason=reason)
         for msg_id in result.unknown:
             click.echo(f"spool: {msg_id}: no such message in the spool", err=True)
         for why in result.refused.values():
@@ -760,7 +800,8 @@ def accept(directory: str, sender: str, recipients: tuple[str, ...]) -> None:
       spool accept var/spool -f alice@example.org bob@example.net < message.eml
     """
     data = sys.stdin.buffer.read()
-    with Spool.open(directory) as sp:
+    client = running_owner(directory)
+    with client if client is not None else Spool.open(directory) as sp:
         click.echo(sp.accept(sender, list(recipients), data))
 
 
@@ -774,16 +815,157 @@ def checkpoint(directory: str) -> None:
     Example:
       spool checkpoint var/spool
     """
-    with open_spool(directory) as sp:
-        before = sp.statistics().checkpoints
-        positions = sp.checkpoint()
-        written = sp.statistics().checkpoints > before
+    with spool_or_owner(directory) as sp:
+        if isinstance(sp, Client):
+            done = sp.checkpoint()
+            written = done["written"]
+            consistent, front = Position(*done["consistent"]), Position(*done["front"])
+        else:
+            before = sp.statistics().checkpoints
+            positions = sp.checkpoint()
+            written = sp.statistics().checkpoints > before
+            consistent, front = positions.consistent, positions.front
     if not written:
         click.echo("positions current: nothing happened since they were written")
         return
+    click.echo(f"positions written: consistent up to {consistent}, garbage front {front}")
+
+
+@main.command()
+@DIR
+@click.option(
+    "--agent",
+    help="Delivery agent of the workers: demo, maildir:PATH, "
+    "pipe:COMMAND, smtp:HOST:PORT, lmtp:HOST:PORT, python:MODULE:CALLABLE.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(0, 256),
+    help="Worker processes [default: 2 with --agent, else 0: clients claim over the socket].",
+)
+@click.option(
+    "--max-use",
+    type=click.IntRange(1),
+    default=100,
+    show_default=True,
+    help="Attempts a worker makes before it is replaced (Postfix's max_use).",
+)
+@click.option(
+    "--attempt-timeout",
+    default="1000s",
+    show_default=True,
+    help="An attempt's lease: past it the attempt is closed as deferred and its "
+    "worker killed and replaced.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=4,
+    show_default=True,
+    help="Deliveries at once in each worker (threads, each with its own agent).",
+)
+@click.option(
+    "--metrics",
+    "metrics_at",
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines on standard error.",
+)
+@handle_errors
+def serve(
+    directory: str,
+    agent: str | None,
+    workers: int | None,
+    max_use: int,
+    attempt_timeout: str,
+    concurrency: int,
+    metrics_at: str | None,
+    log_format: str,
+) -> None:
+    """Run the spool's owner: recovery, queue runners, control socket, delivery workers.
+
+    Runs until SIGTERM or Ctrl-C, then stops cleanly (workers settle the message in
+    hand; attempts still open are deferred). Other commands reach it through the socket
+    DIR/control.sock. docs/serve.md describes it.
+
+    \b
+    Examples:
+      spool serve var/spool --agent demo --workers 2
+      spool serve var/spool --agent maildir:/var/mail --workers 4
+    """
+    count = workers if workers is not None else (2 if agent else 0)
+    if count and not agent:
+        raise click.UsageError("workers need an agent: give --agent (for example --agent demo)")
+    from spool.agents import load_agent
+
+    if agent:
+        load_agent(agent).close()  # a bad spec is refused now, not by every worker
+    from spool.metrics import parse_listen
+
+    try:
+        metrics = None if metrics_at is None else parse_listen(metrics_at)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    setup_logging(log_format)
+    from spool.serving import serve as run_owner
+
+    def ready(line: str) -> None:
+        click.echo(line)
+        sys.stdout.flush()
+
+    run_owner(
+        directory,
+        workers=count,
+        agent=agent or "",
+        max_use=max_use,
+        attempt_timeout=parse_duration(attempt_timeout),
+        concurrency=concurrency,
+        metrics=metrics,
+        ready=ready,
+    )
+    sys.exit(0)
+
+
+@main.command()
+@DIR
+@JSON
+@handle_errors
+def status(directory: str, as_json: bool) -> None:
+    """Show the running owner: pid, uptime, workers, and the spool's counters.
+
+    \b
+    Example:
+      spool status var/spool
+    """
+    require_spool(directory)
+    with connect(directory) as client:
+        info = client.status()
+        counters = attrs.asdict(client.statistics())
+    if as_json:
+        emit_json({**info, "statistics": counters})
+        return
     click.echo(
-        f"positions written: consistent up to {positions.consistent}, "
-        f"garbage front {positions.front}"
+        f"owner: pid {info['pid']}, up {human_age(info['uptime'])}, agent "
+        f"{info['agent'] or '(none: clients claim over the socket)'}"
+    )
+    click.echo(
+        f"workers: {len(info['workers'])}, restarts {info['worker_restarts']}, "
+        f"killed at their lease {info['lease_kills']}"
+    )
+    for w in info["workers"]:
+        pid = "(restarting)" if w["pid"] is None else f"pid {w['pid']}"
+        holding = ", ".join(w["in_flight"]) or "-"
+        click.echo(f"  worker {w['slot']}: {pid}, {w['attempts_done']} attempts, on {holding}")
+    click.echo(
+        "since start: accepted {accepted}, delivered {delivered}, deferred {deferred}, "
+        "failed {failed}, expired {expired} (recipients); {in_flight} in flight; "
+        "{fsyncs} fsyncs".format(**counters)
     )
 
 

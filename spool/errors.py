@@ -135,3 +135,33 @@ class SpoolFailed(SpoolError):
     def __init__(self, message: str, errno: int | None = None) -> None:
         self.errno = errno
         super().__init__(f"{message}; close and reopen the spool to recover")
+
+
+class ProtocolError(SpoolError):
+    """A control-socket frame that cannot be read, or a request that cannot be served as
+    sent (unknown operation, wrong argument types, out of order). Nothing was changed.
+    docs/protocol.md says what a frame must hold."""
+
+
+class OwnerUnreachable(SpoolError):
+    """No owner answers on the spool's control socket (``spool serve`` is not running, or
+    it stopped while a request was in flight: that request may or may not have been done;
+    ask again once it runs, or open the spool directly when no owner runs)."""
+
+
+class PeerRefused(SpoolError):
+    """The owner refused this connection: it comes from another user than the spool's.
+    Run the command as the spool's owner (or root)."""
+
+
+def remote_error(name: str, message: str) -> SpoolError:
+    """The error an owner reported over the control socket, as this process's own type
+    (``ProtocolError`` for a name this module does not define)."""
+    cls = globals().get(name)
+    if not (isinstance(cls, type) and issubclass(cls, SpoolError)):
+        cls, message = ProtocolError, f"{name}: {message}"
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    if isinstance(error, UnknownMessage):
+        error.msg_id = ""
+    return error

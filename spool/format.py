@@ -82,6 +82,9 @@ CORRUPT_DIR: Final = "corrupt"
 # Present while `spool check --repair` is between its first change and its last
 # settlement: an open that is not the repair's own refuses the spool until a repair ends.
 REPAIRING_NAME: Final = "repairing"
+# The running owner's control socket (``spool serve``; docs/protocol.md). Present only while
+# an owner serves; a stale one (its owner killed) is replaced by the next owner's.
+SOCKET_NAME: Final = "control.sock"
 
 # --- body files (bodies too large to keep inline in the log) ---------------------------
 # Header: magic(8) version(u32) reserved(u32) length(u64) crc32c-of-data(u32) crc(u32)

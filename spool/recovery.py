@@ -34,6 +34,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable
+from typing import Final
 
 import attrs
 
@@ -108,6 +109,8 @@ def decide(settled: bool, envelope_lost: bool, remaining: bool, crash_loop: bool
 
 ENVELOPE_LOST_REASON = "envelope lost to disk damage"
 BODY_LOST_REASON = "message data lost to disk damage"
+# The hold reason of the crash-loop breaker (R3; also a worker that died in an attempt).
+CRASH_LOOP_HOLD: Final = "crash loop: in flight at {crashes} crashes"
 RESTORED_HOLD = (
     "restored from an envelope damaged at {where} while in flight: check its sender and "
     "recipients before releasing it"
@@ -644,7 +647,7 @@ def _decide_all(
         # Held by the crash-loop breaker (R3), or by the operator during the attempt.
         held: str | None = w.hold if w.hold is not None else env.held
         if case.decision is Decision.HOLD:
-            held = f"crash loop: in flight at {crashes} crashes"
+            held = CRASH_LOOP_HOLD.format(crashes=crashes)
         if kept is not None:
             # Restored from a damaged envelope: held for the operator to check (R5b). No
             # scanned envelope named its body: its file moves to bodies/, its inline

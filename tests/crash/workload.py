@@ -324,6 +324,9 @@ class _Workload:
 
     def __init__(self, base: str, seed: int, outcomes: bool) -> None:
         self.rng = random.Random(seed)
+        # Its own stream, so that the choices of ``rng`` (and the states each seed reaches,
+        # which the broken spools' favoured seeds rely on) are as before it was added.
+        self.crash_rng = random.Random(seed ^ 0x5EED)
         self.fs = RecordingFS(base)
         self.trace = self.fs.trace
         self.ledger = Ledger()
@@ -422,7 +425,12 @@ class _Workload:
         self.close(attempt)
 
     def close(self, attempt: Attempt) -> None:
-        attempt.close()
+        """Close an attempt; one in four as if its worker process had died
+        (``close_crashed``: a crash count, and a crash-loop hold at the limit)."""
+        if self.crash_rng.random() < 0.25:
+            attempt.close_crashed()
+        else:
+            attempt.close()
 
     def do_checkpoint(self) -> None:
         self.sp.checkpoint()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
-from spool import Spool, SpoolError
+from spool import Attempt, Spool, SpoolError
 from spool import format as fmt
 from spool.spool import DELETED_REPLY, EXPIRED_REPLY
 from spool.testing import FakeClock
@@ -354,3 +355,28 @@ def test_delete_is_silent_and_bounce_gives_up_with_a_bounce(spool_dir: str) -> N
     statuses = {o.recipient: o.status for o in outcomes[busy].recipients}
     assert statuses == {"x@example.net": "delivered", "y@example.net": "deleted"}
     assert outcomes[busy].failed == ()
+
+
+def test_attempts_closed_as_crashed_trip_the_crash_loop_breaker(tmp_path: Path) -> None:
+    """``Attempt.close_crashed`` counts a crash (a worker process died in the attempt); a
+    normal close in between starts the count again; at ``crash_limit`` the message is held."""
+    with Spool.open(tmp_path / "spool", retry_intervals=[0.001], crash_limit=2) as sp:
+        msg_id = sp.accept("a@example.org", ["b@example.net"], b"x")
+
+        def attempt() -> Attempt:
+            found = sp.claim(timeout=5)
+            assert found is not None and found.msg_id == msg_id
+            return found
+
+        attempt().close_crashed()
+        attempt().close()  # a clean ending: the count starts again
+        attempt().close_crashed()
+        assert [e.held for e in sp.list()] == [None]
+        crashed = attempt()
+        crashed.close_crashed()
+        crashed.close_crashed()  # idempotent, as close
+        (entry,) = sp.list()
+        assert entry.held == "crash loop: in flight at 2 crashes" and entry.attempts == 4
+        assert sp.claim(timeout=0.05) is None
+    with Spool.open(tmp_path / "spool") as sp:  # the hold is durable
+        assert [e.held for e in sp.list()] == ["crash loop: in flight at 2 crashes"]

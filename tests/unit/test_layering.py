@@ -3,7 +3,8 @@
 Layers, bottom up (docs/design.md, "The pieces"): the foundation (format, errors, the
 file-system seam); the codecs; the files (log reader and writer, positions, the lock, the
 directory); what reads the log or the settings; the pieces of an open spool; the
-``Spool`` facade; the commands (check, cli). A module may import its own layer and those
+``Spool`` facade; the server (control socket, client, workers, agents); the commands
+(check, cli). A module may import its own layer and those
 below. ``spool.testing`` is test support: no production module imports it.
 """
 
@@ -15,8 +16,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "spool"
 
 LAYERS: list[set[str]] = [
-    {"format", "errors", "fs"},
-    {"framing", "records", "metafile", "addresses", "clock", "segment_header"},
+    {"format", "errors", "fs", "logs"},
+    {"framing", "records", "metafile", "addresses", "clock", "segment_header", "protocol"},
     {"reader", "writer", "positions", "lock", "directory"},
     {
         "options",
@@ -40,7 +41,19 @@ LAYERS: list[set[str]] = [
         "accepting",
         "statistics",
     },
-    {"spool", "__init__"},
+    {"spool"},
+    {
+        "client",
+        "control",
+        "owner",
+        "supervisor",
+        "serving",
+        "worker",
+        "agents",
+        "metrics",
+        "async_client",
+    },
+    {"__init__"},
     {"check", "cli", "__main__"},
 ]
 

@@ -1,0 +1,55 @@
+"""Delivery agents: what a worker process hands each message to (``spool serve --agent``).
+
+An agent is an object with ``deliver(envelope, data) -> {recipient: reply}`` and
+``close()``. The reply is an SMTP reply line ("250 2.0.0 ok", "451 4.3.0 try later",
+"550 5.1.1 no such user"), and its first digit decides the recipient's outcome: 2
+delivered, 4 deferred, 5 failed (``status_of``). A recipient the agent leaves out is
+deferred. Each agent's module says how it maps what it sees to replies (docs/serve.md).
+
+Specs: ``demo``, ``maildir:PATH``, ``pipe:COMMAND``, ``smtp:HOST:PORT``,
+``lmtp:HOST:PORT`` or ``lmtp:/path/to/socket``, ``python:MODULE:CALLABLE``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Protocol
+
+from spool.attempts import MessageEnvelope
+from spool.errors import SpoolMisuse
+
+Replies = Mapping[str, str]
+
+
+class Agent(Protocol):
+    def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies: ...
+
+    def close(self) -> None: ...
+
+
+def status_of(reply: str) -> str:
+    """``delivered``, ``deferred`` or ``failed`` by the reply's first digit (anything but
+    2 and 5 defers: a reply the agent could not classify is retried, never lost)."""
+    first = reply[:1]
+    return "delivered" if first == "2" else "failed" if first == "5" else "deferred"
+
+
+AGENTS = {
+    "demo": "spool.agents.demo",
+    "maildir": "spool.agents.maildir",
+    "pipe": "spool.agents.pipe",
+    "smtp": "spool.agents.smtp",
+    "lmtp": "spool.agents.lmtp",
+    "python": "spool.agents.python",
+}
+
+
+def load_agent(spec: str) -> Agent:
+    """The agent ``spec`` names. ``SpoolMisuse`` for an unknown or malformed spec."""
+    kind, _, rest = spec.partition(":")
+    module = AGENTS.get(kind)
+    if module is None:
+        raise SpoolMisuse(f"unknown agent {kind!r}: use one of {', '.join(sorted(AGENTS))}")
+    agent: Agent = importlib.import_module(module).make(rest)
+    return agent

@@ -1,0 +1,52 @@
+"""``lmtp:HOST:PORT`` or ``lmtp:/path/to/socket``: hand mail to a local store over LMTP.
+
+LMTP (RFC 2033) is SMTP with ``LHLO`` for ``EHLO`` and, after the data, **one reply per
+accepted recipient**, in RCPT order: so each recipient is settled by its own mailbox's
+answer (2xx delivered, 4xx deferred, 5xx failed), not by one reply for all. The rest is as
+the ``smtp`` agent: one connection per delivery loop, reused; per-recipient RCPT replies;
+a broken or refused connection or a timeout defers every recipient.
+"""
+
+from __future__ import annotations
+
+import re
+import smtplib
+
+from spool.agents.smtp import TIMEOUT, SmtpAgent, _reply
+from spool.errors import SpoolMisuse
+
+_LEADING_DOT = re.compile(rb"(?m)^\.")
+
+
+class LmtpAgent(SmtpAgent):
+    def _open(self) -> smtplib.SMTP:
+        lmtp = smtplib.LMTP(self.host, self.port, timeout=self.timeout)
+        code, text = lmtp.ehlo()  # smtplib's LMTP sends LHLO here
+        if code != 250:
+            lmtp.close()
+            raise smtplib.SMTPHeloError(code, text)
+        return lmtp
+
+    def _data(self, smtp: smtplib.SMTP, data: bytes, accepted: list[str]) -> dict[str, str]:
+        code, text = smtp.docmd("DATA")
+        if code != 354:
+            smtp.rset()
+            return dict.fromkeys(accepted, _reply(code, text))
+        body = _LEADING_DOT.sub(b"..", data)  # dot-stuffing (RFC 5321 4.5.2)
+        if not body.endswith(b"\r\n"):
+            body += b"\r\n"
+        smtp.send(body + b".\r\n")
+        replies = {}
+        for rcpt in accepted:  # one reply per accepted recipient, in RCPT order
+            code, text = smtp.getreply()
+            replies[rcpt] = _reply(code, text)
+        return replies
+
+
+def make(argument: str) -> LmtpAgent:
+    if argument.startswith("/"):
+        return LmtpAgent(argument, 0, TIMEOUT)  # a Unix socket (smtplib.LMTP's convention)
+    host, _, port = argument.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpoolMisuse("give the LMTP server as lmtp:HOST:PORT or lmtp:/path/to/socket")
+    return LmtpAgent(host.strip("[]"), int(port), TIMEOUT)

@@ -1,0 +1,65 @@
+"""``pipe:COMMAND``: the message on a command's standard input, as Postfix's pipe(8).
+
+``COMMAND`` is split as a shell would split it (no shell runs); ``{sender}`` and
+``{recipient}`` in its words are replaced. With ``{recipient}`` the command runs once per
+recipient; without it, once for all of them. Exit status as pipe(8) maps sysexits: 0
+delivered; 75 (EX_TEMPFAIL) deferred; a signal or a run over ``TIMEOUT`` seconds deferred;
+a command that cannot be started deferred (the operator fixes it, the mail waits); any
+other status failed, quoting the first line of the command's standard error.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from typing import Final
+
+from spool.agents import Replies
+from spool.attempts import MessageEnvelope
+from spool.errors import SpoolMisuse
+
+EX_TEMPFAIL: Final = 75
+TIMEOUT: Final = 1000.0  # seconds, as Postfix's command_time_limit
+
+
+class PipeAgent:
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+        self.per_recipient = any("{recipient}" in w for w in words)
+
+    def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
+        if self.per_recipient:
+            return {r: self._run(envelope.sender, r, data) for r in envelope.recipients}
+        reply = self._run(envelope.sender, None, data)
+        return {r: reply for r in envelope.recipients}
+
+    def _run(self, sender: str, recipient: str | None, data: bytes) -> str:
+        argv = [w.replace("{sender}", sender) for w in self.words]
+        if recipient is not None:
+            argv = [w.replace("{recipient}", recipient) for w in argv]
+        try:
+            done = subprocess.run(argv, input=data, capture_output=True, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return f"451 4.3.0 command timed out after {TIMEOUT:.0f} s"
+        except OSError as e:
+            return f"451 4.3.0 cannot run {argv[0]}: {e.strerror or e}"
+        if done.returncode == 0:
+            return "250 2.0.0 delivered via command"
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        detail = f": {said[0][:200]}" if said else ""
+        if done.returncode == EX_TEMPFAIL or done.returncode < 0:
+            return f"451 4.3.0 command status {done.returncode}{detail}"
+        return f"550 5.3.0 command status {done.returncode}{detail}"
+
+    def close(self) -> None:
+        pass
+
+
+def make(argument: str) -> PipeAgent:
+    try:
+        words = shlex.split(argument)
+    except ValueError as e:
+        raise SpoolMisuse(f"cannot split the pipe command: {e}") from None
+    if not words:
+        raise SpoolMisuse("give the command: --agent 'pipe:/usr/bin/procmail -d {recipient}'")
+    return PipeAgent(words)

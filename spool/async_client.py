@@ -1,0 +1,158 @@
+"""Awaitable forms of the client's calls, for asyncio embedders (aiosmtpd handlers).
+
+``await spool.aconnect(DIR)`` gives an ``AsyncClient``: the calls of ``spool.Client`` as
+coroutines. A call sends its request and awaits the future the client's reader thread
+completes when the reply comes (``asyncio.wrap_future``): no thread waits per call, so a
+thousand SMTP sessions awaiting ``accept`` share one connection and, at the owner, one
+group commit. ``accept`` returns once the message is durable, as in process.
+
+Sending is a plain ``sendall`` on the connection: it returns at once unless the owner
+stopped reading (32 requests of this connection in hand), which is back-pressure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from spool.attempts import MessageEnvelope
+from spool.client import Client, _entry, _envelope, _texts, connect
+from spool.errors import SpoolMisuse, UnknownMessage
+from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
+from spool.queue_view import QueueEntry
+from spool.statistics import SpoolStatistics
+
+
+async def aconnect(directory: str | os.PathLike[str], timeout: float = 5.0) -> AsyncClient:
+    """``spool.connect`` for asyncio (the connect itself runs in a thread, once)."""
+    return AsyncClient(await asyncio.to_thread(connect, directory, timeout))
+
+
+class AsyncClient:
+    """The calls of ``spool.Client``, awaitable. Create with ``await spool.aconnect(DIR)``."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def _call(self, op: str, **args: Any) -> Any:
+        return await asyncio.wrap_future(self.client._request(op, **args))
+
+    async def accept(self, sender: str, recipients: Iterable[str], data: bytes) -> str:
+        """The id, once the message is durable (answer 250 then)."""
+        msg_id: str = await self._call(
+            "accept", sender=sender, recipients=_texts(recipients), data=bytes(data)
+        )
+        return msg_id
+
+    async def claim(self, timeout: float | None = None) -> AsyncAttempt | None:
+        found = await self.claim_many(1, timeout)
+        return found[0] if found else None
+
+    async def claim_many(
+        self, most: int, timeout: float | None = None
+    ) -> builtins.list[AsyncAttempt]:
+        found = await self._call("claim", timeout=0.0 if timeout is None else timeout, max=most)
+        return [AsyncAttempt(self, MessageEnvelope(**_envelope(e))) for e in found]
+
+    async def list(self) -> builtins.list[QueueEntry]:
+        return [_entry(e) for e in await self._call("list")]
+
+    async def act(
+        self,
+        action: OperatorAction,
+        msg_ids: Iterable[str] | None = None,
+        *,
+        reason: str | None = None,
+    ) -> ActionResult:
+        ids = None if msg_ids is None else _texts(msg_ids)
+        r = await self._call("act", action=OperatorAction(action).value, msg_ids=ids, reason=reason)
+        return ActionResult(
+            tuple(r["changed"]), tuple(r["unchanged"]), tuple(r["unknown"]), dict(r["refused"])
+        )
+
+    async def _one(self, action: OperatorAction, msg_id: str, reason: str | None) -> None:
+        result = await self.act(action, [msg_id], reason=reason)
+        if result.unknown:
+            raise UnknownMessage(msg_id)
+        if result.refused:
+            raise SpoolMisuse(result.refused[msg_id])
+
+    async def hold(self, msg_id: str, reason: str = HELD_REASON) -> None:
+        await self._one(OperatorAction.HOLD, msg_id, reason)
+
+    async def release(self, msg_id: str) -> None:
+        await self._one(OperatorAction.RELEASE, msg_id, None)
+
+    async def delete(self, msg_id: str, reason: str = DELETED_REPLY) -> None:
+        await self._one(OperatorAction.DELETE, msg_id, reason)
+
+    async def bounce(self, msg_id: str, reason: str = BOUNCED_REPLY) -> None:
+        await self._one(OperatorAction.BOUNCE, msg_id, reason)
+
+    async def retry_now(self, msg_id: str | None = None) -> int:
+        changed: int = await self._call("retry_now", msg_id=msg_id)
+        return changed
+
+    async def statistics(self) -> SpoolStatistics:
+        return SpoolStatistics(**await self._call("statistics"))
+
+    async def sync(self) -> None:
+        await self._call("sync")
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.client.close)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncAttempt:
+    """An attempt over the socket, awaitable; ``async with`` closes it."""
+
+    def __init__(self, client: AsyncClient, envelope: MessageEnvelope) -> None:
+        self._client = client
+        self.envelope = envelope
+        self._closed = False
+
+    @property
+    def msg_id(self) -> str:
+        return self.envelope.msg_id
+
+    async def read_data(self) -> bytes:
+        data: bytes = await self._client._call("read_data", msg_id=self.msg_id)
+        return data
+
+    async def delivered(self, recipients: Iterable[str], reply: str) -> None:
+        """Durable on return."""
+        await self._report("delivered", recipients, reply)
+
+    async def failed(self, recipients: Iterable[str], reply: str) -> None:
+        """Durable on return."""
+        await self._report("failed", recipients, reply)
+
+    async def deferred(self, recipients: Iterable[str], reply: str) -> None:
+        await self._report("deferred", recipients, reply)
+
+    async def _report(self, status: str, recipients: Iterable[str], reply: str) -> None:
+        await self._client._call(
+            "report", msg_id=self.msg_id, status=status, recipients=_texts(recipients), reply=reply
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._client.client.closed:
+            await self._client._call("close_attempt", msg_id=self.msg_id)
+
+    async def __aenter__(self) -> AsyncAttempt:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

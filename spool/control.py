@@ -1,0 +1,224 @@
+"""What the owner does for each request on its control socket (docs/protocol.md, "Operations").
+
+One ``Session`` per connection: it maps a request's operation to a call on the owner's
+``Spool`` and keeps the attempts that connection claimed, so that a connection that drops
+closes them (their unreported recipients deferred, as an attempt that is closed without
+reports is). Every argument is checked for its type here, before the spool sees it; the
+spool then checks values as it does for an embedder, so a bad request changes nothing.
+
+Thread-safe: the owner serves the requests of one connection from several threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from spool.attempts import Attempt
+from spool.errors import ProtocolError, SpoolMisuse, UnknownMessage
+from spool.operator import OperatorAction
+from spool.protocol import VERSION
+from spool.spool import Spool
+
+# The most attempts one ``claim`` hands out (a worker asks for several when many are due).
+CLAIM_BATCH_MAX: Final = 64
+# The longest a ``claim`` waits; a client that wants longer asks again.
+CLAIM_WAIT_MAX: Final = 60.0
+
+
+def _arg(args: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    if name not in args:
+        raise ProtocolError(f"argument {name!r} is missing")
+    value = args[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # ``type(...) in`` rather than isinstance: True is not an int here.
+    if type(value) not in kinds:
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise ProtocolError(f"argument {name!r} must be {names}")
+    return value
+
+
+def _texts(args: dict[str, Any], name: str) -> list[str]:
+    values: list[str] = _arg(args, name, list)
+    if not all(type(v) is str for v in values):
+        raise ProtocolError(f"argument {name!r} must be a list of text")
+    return values
+
+
+def _seconds(args: dict[str, Any], name: str) -> float | None:
+    value = _arg(args, name, (int, float, type(None)))
+    return None if value is None else float(value)
+
+
+@attrs.define
+class Peer:
+    """Who is on the other end (``SO_PEERCRED``)."""
+
+    pid: int
+    uid: int
+    connected_at: float = attrs.field(factory=time.time)
+    attempts_done: int = 0
+
+
+class Session:
+    """The owner's side of one connection."""
+
+    def __init__(self, spool: Spool, peer: Peer, owner_info: Callable[[], dict[str, Any]]) -> None:
+        self.spool = spool
+        self.peer = peer
+        self._owner_info = owner_info
+        self._lock = threading.Lock()
+        self._attempts: dict[str, Attempt] = {}
+        self._claimed_at: dict[str, float] = {}  # time.monotonic() of each claim
+        self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "hello": self._hello,
+            "accept": self._accept,
+            "claim": self._claim,
+            "read_data": self._read_data,
+            "report": self._report,
+            "close_attempt": self._close_attempt,
+            "list": self._list,
+            "act": self._act,
+            "retry_now": self._retry_now,
+            "statistics": self._statistics,
+            "sync": self._sync,
+            "checkpoint": self._checkpoint,
+            "status": self._status,
+        }
+
+    def handle(self, op: str, args: dict[str, Any]) -> Any:
+        """The result of ``op``; a ``SpoolError`` if it cannot be done (nothing changed)."""
+        serve = self._ops.get(op)
+        if serve is None:
+            raise ProtocolError(f"unknown operation {op!r}")
+        return serve(args)
+
+    def in_flight(self) -> list[str]:
+        """The messages this connection has claimed and not closed."""
+        with self._lock:
+            return sorted(self._attempts)
+
+    def oldest_claim(self) -> float | None:
+        """Seconds since the oldest attempt this connection holds was claimed (its lease)."""
+        with self._lock:
+            started = min(self._claimed_at.values(), default=None)
+        return None if started is None else time.monotonic() - started
+
+    def close(self, *, crashed: bool) -> None:
+        """The connection ended: close its attempts (unreported recipients deferred). When
+        the client went away with attempts open (``crashed``: a worker that died, a client
+        that was killed) each counts as a crash for the crash-loop breaker; when the owner
+        itself is stopping, not."""
+        with self._lock:
+            attempts, self._attempts = list(self._attempts.values()), {}
+            self._claimed_at.clear()
+        for attempt in attempts:
+            if crashed:
+                attempt.close_crashed()
+            else:
+                attempt.close()
+
+    # --- operations -------------------------------------------------------------------
+
+    def _hello(self, args: dict[str, Any]) -> dict[str, Any]:
+        version = _arg(args, "version", int)
+        if version != VERSION:
+            raise ProtocolError(f"protocol version {version} asked, this owner speaks {VERSION}")
+        return {"version": VERSION, **self._owner_info()}
+
+    def _accept(self, args: dict[str, Any]) -> str:
+        sender = _arg(args, "sender", str)
+        recipients = _texts(args, "recipients")
+        data = _arg(args, "data", bytes)
+        return self.spool.accept(sender, recipients, data)
+
+    def _claim(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        wait = _seconds(args, "timeout")
+        most = _arg(args, "max", int)
+        if not 1 <= most <= CLAIM_BATCH_MAX:
+            raise SpoolMisuse(f"max must be 1 to {CLAIM_BATCH_MAX}, not {most}")
+        if wait is not None and not 0 <= wait <= CLAIM_WAIT_MAX:
+            raise SpoolMisuse(f"timeout must be 0 to {CLAIM_WAIT_MAX} seconds or null")
+        claimed: list[Attempt] = []
+        first = self.spool.claim(CLAIM_WAIT_MAX if wait is None else wait)
+        while first is not None:
+            claimed.append(first)
+            first = self.spool.claim() if len(claimed) < most else None
+        now = time.monotonic()
+        with self._lock:
+            for attempt in claimed:
+                self._attempts[attempt.msg_id] = attempt
+                self._claimed_at[attempt.msg_id] = now
+        return [attrs.asdict(a.envelope) for a in claimed]
+
+    def _attempt(self, args: dict[str, Any]) -> Attempt:
+        msg_id = _arg(args, "msg_id", str)
+        with self._lock:
+            attempt = self._attempts.get(msg_id)
+        if attempt is None:
+            raise UnknownMessage(msg_id, "this connection's attempts")
+        return attempt
+
+    def _read_data(self, args: dict[str, Any]) -> bytes:
+        return self._attempt(args).read_data()
+
+    def _report(self, args: dict[str, Any]) -> None:
+        attempt = self._attempt(args)
+        status = _arg(args, "status", str)
+        recipients = _texts(args, "recipients")
+        reply = _arg(args, "reply", str)
+        report = {
+            "delivered": attempt.delivered,
+            "failed": attempt.failed,
+            "deferred": attempt.deferred,
+        }.get(status)
+        if report is None:
+            raise ProtocolError("status must be delivered, failed or deferred")
+        report(recipients, reply)
+
+    def _close_attempt(self, args: dict[str, Any]) -> None:
+        attempt = self._attempt(args)
+        attempt.close()
+        with self._lock:
+            self._attempts.pop(attempt.msg_id, None)
+            self._claimed_at.pop(attempt.msg_id, None)
+            self.peer.attempts_done += 1
+
+    def _list(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        return [attrs.asdict(entry, recurse=False) for entry in self.spool.list()]
+
+    def _act(self, args: dict[str, Any]) -> dict[str, Any]:
+        name = _arg(args, "action", str)
+        try:
+            action = OperatorAction(name)
+        except ValueError:
+            raise ProtocolError(f"unknown action {name!r}") from None
+        msg_ids = None if args.get("msg_ids") is None else _texts(args, "msg_ids")
+        reason = _arg(args, "reason", (str, type(None))) if "reason" in args else None
+        return attrs.asdict(self.spool.act(action, msg_ids, reason=reason))
+
+    def _retry_now(self, args: dict[str, Any]) -> int:
+        msg_id = _arg(args, "msg_id", (str, type(None)))
+        return self.spool.retry_now(msg_id)
+
+    def _statistics(self, args: dict[str, Any]) -> dict[str, Any]:
+        return attrs.asdict(self.spool.statistics())
+
+    def _sync(self, args: dict[str, Any]) -> None:
+        self.spool.sync()
+
+    def _checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
+        before = self.spool.statistics().checkpoints
+        positions = self.spool.checkpoint()
+        return {
+            "written": self.spool.statistics().checkpoints > before,
+            "consistent": list(positions.consistent),
+            "front": list(positions.front),
+        }
+
+    def _status(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self._owner_info()

@@ -1,0 +1,238 @@
+"""The owner process behind ``spool serve``: the spool, its control socket, its workers.
+
+The owner opens the spool (recovery), serves the control socket (``control.py`` answers
+each request, ``protocol.py`` frames them) and supervises the delivery workers
+(``supervisor.py``). One thread accepts connections; each connection has a reader thread
+and up to ``REQUESTS_IN_FLIGHT`` requests served at once by its own threads, so a slow or
+stuck client holds up only itself: the owner never blocks on a worker.
+
+Security: the socket is made 0600 before it takes its name (bound under a temporary name,
+then renamed), and every connection's peer uid (``SO_PEERCRED``) must be the owner's or
+root's, else it gets one error frame and is closed.
+
+Crash safety: the owner writes nothing but through the spool, plus the socket file, which
+is not state: a stale socket left by a killed owner is removed by the next one (it holds
+the spool's lock, so no other owner can be serving it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import struct
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from spool import format as fmt
+from spool.client import UnixAddress
+from spool.control import Peer, Session
+from spool.errors import PeerRefused, ProtocolError, SpoolError
+from spool.protocol import Decoder, ErrorReply, Reply, Request, encode
+from spool.spool import Spool
+
+REQUESTS_IN_FLIGHT: Final = 32  # per connection; the reader waits beyond this
+# A frame holds one message and its envelope: the owner's limit is the message size limit
+# plus room for the envelope (1,000 recipients of 256 bytes) and the framing.
+ENVELOPE_ROOM: Final = 1024 * 1024
+
+log = logging.getLogger("spool.owner")
+
+
+def peer_of(conn: socket.socket) -> Peer:
+    """The pid and uid of the process on the other end of a Unix socket."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return Peer(pid=pid, uid=uid)
+
+
+def peer_allowed(peer_uid: int, owner_uid: int) -> bool:
+    """Only the spool's user (and root) may talk to its owner."""
+    return peer_uid in (owner_uid, 0)
+
+
+@attrs.define
+class Connection:
+    sock: socket.socket
+    session: Session
+    thread: threading.Thread | None = None
+
+
+class ControlServer:
+    """Serves the control socket of an open spool until ``stop``."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        owner_info: Callable[[], dict[str, Any]],
+        *,
+        allowed_uid: int | None = None,
+    ) -> None:
+        self.spool = spool
+        self._owner_info = owner_info
+        self._allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
+        self._max_frame = spool.options.max_message_size + ENVELOPE_ROOM
+        self._connections: dict[int, Connection] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.path = os.path.join(spool.path, fmt.SOCKET_NAME)
+        self._listener = self._bind()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="control-accept")
+
+    def _bind(self) -> socket.socket:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        temporary = fmt.SOCKET_NAME + f".{os.getpid()}.tmp"
+        with UnixAddress(self.spool.path, temporary) as address:
+            # Leftovers of a killed owner: we hold the lock, so nobody serves them.
+            for stale in (address, self.path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(stale)
+            listener.bind(address)
+            os.chmod(address, 0o600)  # before it takes the name clients look for
+            os.replace(address, self.path)
+        listener.listen(128)
+        return listener
+
+    def start(self) -> None:
+        self._acceptor.start()
+
+    def sessions(self) -> list[Session]:
+        with self._lock:
+            return [c.session for c in self._connections.values()]
+
+    def stop(self) -> None:
+        """Stop accepting, drop every connection (their attempts closed), remove the socket."""
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._acceptor.join(timeout=5)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        with self._lock:
+            connections = list(self._connections.values())
+        for c in connections:
+            _shut(c.sock)
+        for c in connections:
+            if c.thread is not None:
+                c.thread.join(timeout=10)
+
+    def drop(self, pid: int) -> None:
+        """Drop the connections of process ``pid`` (a worker killed for its lease)."""
+        with self._lock:
+            connections = [c for c in self._connections.values() if c.session.peer.pid == pid]
+        for c in connections:
+            _shut(c.sock)
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
+            thread.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        peer = peer_of(sock)
+        if not peer_allowed(peer.uid, self._allowed_uid):
+            log.warning("refused a connection from uid %d (pid %d)", peer.uid, peer.pid)
+            error = PeerRefused(
+                f"uid {peer.uid} may not use this spool: only its owner's user "
+                f"(uid {self._allowed_uid}) and root may"
+            )
+            _send(sock, threading.Lock(), ErrorReply(0, type(error).__name__, str(error)))
+            sock.close()
+            return
+        session = Session(self.spool, peer, self._owner_info)
+        connection = Connection(sock, session, threading.current_thread())
+        with self._lock:
+            self._connections[id(connection)] = connection
+        try:
+            self._read_requests(sock, session)
+        finally:
+            with self._lock:
+                self._connections.pop(id(connection), None)
+            session.close(crashed=not self._stopping.is_set())
+            sock.close()
+
+    def _read_requests(self, sock: socket.socket, session: Session) -> None:
+        decoder = Decoder(self._max_frame)
+        send_lock = threading.Lock()
+        slots = threading.BoundedSemaphore(REQUESTS_IN_FLIGHT)
+        workers: list[threading.Thread] = []
+        try:
+            while not self._stopping.is_set():
+                try:
+                    data = sock.recv(1 << 20)
+                except OSError:
+                    return
+                if not data:
+                    return
+                try:
+                    messages = decoder.feed(data)
+                    if not all(isinstance(m, Request) for m in messages):
+                        raise ProtocolError("a client sends requests only")
+                except ProtocolError as e:
+                    log.warning("pid %d: %s; connection closed", session.peer.pid, e)
+                    _send(sock, send_lock, ErrorReply(0, "ProtocolError", str(e)))
+                    return
+                for message in messages:
+                    assert isinstance(message, Request)
+                    slots.acquire()
+                    worker = threading.Thread(
+                        target=self._answer,
+                        args=(sock, send_lock, slots, session, message),
+                        daemon=True,
+                    )
+                    worker.start()
+                    workers = [w for w in workers if w.is_alive()] + [worker]
+        finally:
+            # Requests already taken are answered (or their attempts recorded) before the
+            # session closes its attempts, so no claim outlives its connection.
+            for worker in workers:
+                worker.join()
+
+    def _answer(
+        self,
+        sock: socket.socket,
+        send_lock: threading.Lock,
+        slots: threading.BoundedSemaphore,
+        session: Session,
+        request: Request,
+    ) -> None:
+        try:
+            try:
+                answer: Reply | ErrorReply = Reply(
+                    request.id, session.handle(request.op, request.args)
+                )
+            except SpoolError as e:
+                answer = ErrorReply(request.id, type(e).__name__, str(e))
+            except Exception as e:  # a bug: answer it, log it, keep the owner up
+                log.error("request %s failed:\n%s", request.op, traceback.format_exc())
+                answer = ErrorReply(request.id, "SpoolError", f"internal error: {e!r}")
+            _send(sock, send_lock, answer)
+        finally:
+            slots.release()
+
+
+def _send(sock: socket.socket, lock: threading.Lock, message: Reply | ErrorReply) -> None:
+    try:
+        frame = encode(message)
+    except Exception as e:  # a result the codec cannot carry: a bug, answered as one
+        frame = encode(ErrorReply(message.id, "SpoolError", f"internal error: {e!r}"))
+    try:
+        with lock:
+            sock.sendall(frame)
+    except OSError:
+        pass  # the peer went away; its reader sees the end and closes the session
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,154 @@
+"""A delivery worker process: claim over the control socket, deliver, report, close.
+
+``spool serve --workers N --agent SPEC`` starts N of these (``supervisor.py``); one can
+also be run by hand against a running owner: ``python -m spool.worker DIR --agent SPEC``.
+The loop claims several attempts per round trip when many are due, reads each body, hands
+it to the agent (``spool.agents``), reports each recipient by its reply (delivered and
+failed first: they return once durable) and closes the attempt. A worker runs
+``--concurrency`` such loops (threads, each with its own agent, as each Postfix smtp(8)
+process has its own connection), so their durable reports share the owner's fsyncs. It
+exits after
+``--max-use`` attempts (the owner starts a fresh one, as Postfix's ``max_use``), when the
+owner goes away, or on SIGTERM once the message in hand is settled. SIGINT is left to the
+owner (a Ctrl-C at a terminal reaches the whole process group; the owner then stops its
+workers with SIGTERM).
+
+Crash safety: a worker writes nothing itself. If it dies, the owner sees its connection
+drop and closes its attempts: recipients it reported keep their outcome, the others are
+deferred (docs/serve.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Final
+
+import click
+
+from spool.agents import Agent, load_agent, status_of
+from spool.client import Client, RemoteAttempt, connect
+from spool.errors import OwnerUnreachable, SpoolError
+from spool.logs import setup_logging
+
+BATCH: Final = 4  # attempts claimed per round trip at most
+CONCURRENCY: Final = 4  # delivery loops (threads) per worker process
+POLL: Final = 0.2  # seconds between the main thread's looks at its loops
+CLAIM_WAIT: Final = 1.0  # seconds a claim waits for work before the loop looks around
+
+log = logging.getLogger("spool.worker")
+
+
+def deliver_one(agent: Agent, attempt: RemoteAttempt) -> None:
+    """One attempt through the agent, reported recipient by recipient, then closed."""
+    with attempt:
+        envelope = attempt.envelope
+        try:
+            replies = dict(agent.deliver(envelope, attempt.read_data()))
+        except SpoolError:
+            raise
+        except Exception as e:  # the agent's own failure defers, never loses, the mail
+            log.warning("%s: agent raised %r; recipients deferred", attempt.msg_id, e)
+            replies = {
+                r: f"451 4.3.0 delivery agent error: {e!r}"[:900] for r in envelope.recipients
+            }
+        groups: dict[tuple[str, str], list[str]] = {}
+        for rcpt in envelope.recipients:
+            reply = replies.get(rcpt)
+            if reply is not None:
+                groups.setdefault((status_of(reply), reply), []).append(rcpt)
+        # Durable outcomes first, then the deferrals; unreported ones are deferred by close.
+        for (status, reply), rcpts in sorted(groups.items(), key=lambda g: g[0][0] == "deferred"):
+            getattr(attempt, status)(rcpts, reply)
+
+
+class Budget:
+    """The attempts a worker may still make (``--max-use``), shared by its threads."""
+
+    def __init__(self, attempts: int) -> None:
+        self._left = attempts
+        self._lock = threading.Lock()
+
+    def take(self, most: int) -> int:
+        with self._lock:
+            granted = min(most, self._left)
+            self._left -= granted
+            return granted
+
+    def give_back(self, unused: int) -> None:
+        with self._lock:
+            self._left += unused
+
+
+def run_worker(
+    client: Client, agent: Agent, budget: Budget, stop: threading.Event, batch: int = BATCH
+) -> None:
+    """One delivery loop: until the budget is spent, ``stop`` is set or the owner goes."""
+    try:
+        while not stop.is_set():
+            granted = budget.take(batch)
+            if not granted:
+                return
+            attempts = client.claim_many(granted, CLAIM_WAIT)
+            budget.give_back(granted - len(attempts))
+            for attempt in attempts:
+                if stop.is_set():
+                    attempt.close()  # not started: deferred with nothing reported
+                    continue
+                deliver_one(agent, attempt)
+    except OwnerUnreachable:
+        log.info("the owner went away; worker exits")
+        stop.set()
+
+
+def run_workers(
+    client: Client, agent_spec: str, max_use: int, concurrency: int, stop: threading.Event
+) -> None:
+    """``concurrency`` delivery loops, each with its own agent (an smtp agent's connection
+    is its own), sharing the connection and the ``max_use`` budget. The calling (main)
+    thread polls, so that it runs the SIGTERM handler whichever thread the signal hits."""
+    budget = Budget(max_use)
+    agents = [load_agent(agent_spec) for _ in range(concurrency)]
+    loops = [
+        threading.Thread(target=run_worker, args=(client, agent, budget, stop), daemon=True)
+        for agent in agents
+    ]
+    try:
+        for loop in loops:
+            loop.start()
+        for loop in loops:
+            while loop.is_alive():
+                loop.join(POLL)
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+@click.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--agent", "agent_spec", default="demo", show_default=True, help="Delivery agent.")
+@click.option("--max-use", default=100, show_default=True, help="Attempts before exiting.")
+@click.option("--concurrency", default=CONCURRENCY, show_default=True, help="Deliveries at once.")
+def main(directory: str, agent_spec: str, max_use: int, concurrency: int) -> None:
+    """Deliver from the spool DIRECTORY's running owner through AGENT."""
+    setup_logging(os.environ.get("SPOOL_LOG_FORMAT", "text"), "spool-worker")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        load_agent(agent_spec).close()
+        client = connect(directory)
+    except SpoolError as e:
+        click.echo(f"spool-worker: {e}", err=True)
+        sys.exit(1)
+    try:
+        run_workers(client, agent_spec, max_use, concurrency, stop)
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Agents the worker tests load with ``--agent python:tests.serve.agents_for_tests:NAME``."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from spool import MessageEnvelope
+
+
+def by_local_part(envelope: MessageEnvelope, data: bytes) -> dict[str, str]:
+    """ok*: delivered; grey*: deferred; nouser*: failed; hang*: never returns; boom*: the
+    agent raises; anything else is left out (deferred by the worker)."""
+    replies = {}
+    for rcpt in envelope.recipients:
+        local = rcpt.split("@")[0]
+        if local.startswith("hang"):
+            time.sleep(3600)
+        if local.startswith("boom"):
+            raise RuntimeError("agent bug")
+        if local.startswith("ok"):
+            replies[rcpt] = "250 2.0.0 ok"
+        elif local.startswith("grey"):
+            replies[rcpt] = "451 4.7.1 greylisted"
+        elif local.startswith("nouser"):
+            replies[rcpt] = "550 5.1.1 no such user"
+    return replies
+
+
+def die_on_crash(envelope: MessageEnvelope, data: bytes) -> dict[str, str]:
+    """Kills its worker on recipients named crash*; delivers the rest."""
+    if any(r.startswith("crash") for r in envelope.recipients):
+        os._exit(3)
+    return dict.fromkeys(envelope.recipients, "250 2.0.0 ok")

@@ -1,0 +1,103 @@
+"""A local SMTP/LMTP sink for the relay agents' tests, on aiosmtpd (a real server)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from aiosmtpd.controller import Controller, UnixSocketController
+from aiosmtpd.lmtp import LMTP
+from aiosmtpd.smtp import Envelope, Session
+
+
+class Recorder:
+    """Keeps every message; refuses RCPT for nouser* (550) and grey* (451)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.received: list[tuple[str, tuple[str, ...], bytes]] = []
+        self.connections = 0
+
+    async def handle_EHLO(
+        self, server: Any, session: Session, envelope: Envelope, hostname: str, responses: Any
+    ) -> Any:
+        with self.lock:
+            self.connections += 1
+        session.host_name = hostname
+        return responses
+
+    async def handle_RCPT(
+        self, server: Any, session: Session, envelope: Envelope, address: str, options: Any
+    ) -> str:
+        local = address.split("@")[0]
+        if local.startswith("nouser"):
+            return "550 5.1.1 no such user"
+        if local.startswith("grey"):
+            return "451 4.7.1 greylisted"
+        envelope.rcpt_tos.append(address)
+        return "250 2.1.5 ok"
+
+    async def handle_DATA(self, server: Any, session: Session, envelope: Envelope) -> str:
+        content = envelope.original_content or b""
+        with self.lock:
+            self.received.append((envelope.mail_from, tuple(envelope.rcpt_tos), content))
+        return "250 2.0.0 queued"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_sink() -> tuple[Controller, Recorder, int]:
+    """A running sink, its recorder and its port; ``controller.stop()`` when done."""
+    recorder = Recorder()
+    port = free_port()
+    controller = Controller(recorder, hostname="127.0.0.1", port=port)
+    controller.start()
+    return controller, recorder, port
+
+
+class LmtpRecorder(Recorder):
+    """An LMTP store: after the data, one reply per accepted recipient (full*: 452,
+    gone*: 550, others 250), as RFC 2033 asks."""
+
+    async def handle_DATA(self, server: Any, session: Session, envelope: Envelope) -> str:
+        await super().handle_DATA(server, session, envelope)
+        replies = []
+        for rcpt in envelope.rcpt_tos:
+            local = rcpt.split("@")[0]
+            if local.startswith("full"):
+                replies.append("452 4.2.2 mailbox full")
+            elif local.startswith("gone"):
+                replies.append("550 5.1.1 mailbox gone")
+            else:
+                replies.append(f"250 2.0.0 <{rcpt}> delivered")
+        return "\r\n".join(replies)
+
+
+class LmtpController(Controller):
+    def factory(self) -> LMTP:
+        return LMTP(self.handler)
+
+
+class UnixLmtpController(UnixSocketController):
+    def factory(self) -> LMTP:
+        return LMTP(self.handler)
+
+
+def start_lmtp_sink(unix_path: str | None = None) -> tuple[Controller, LmtpRecorder, int]:
+    """A running LMTP store (TCP, or a Unix socket at ``unix_path``), its recorder and port."""
+    recorder = LmtpRecorder()
+    controller: Any
+    if unix_path is not None:
+        controller = UnixLmtpController(recorder, unix_socket=unix_path)
+        port = 0
+    else:
+        port = free_port()
+        controller = LmtpController(recorder, hostname="127.0.0.1", port=port)
+    controller.start()
+    return controller, recorder, port

@@ -1,0 +1,93 @@
+"""Awaitable calls over the socket, and the docs' aiosmtpd handler answering 250 only after
+``await accept(...)`` returned (docs/serve.md, "asyncio")."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import smtplib
+from pathlib import Path
+from typing import Any
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import Envelope, Session
+
+import spool
+from spool import DiskFull, InvalidMessage
+from tests.serve.running import owner
+from tests.serve.sink import free_port
+
+
+class SpoolHandler:
+    """The example of docs/serve.md: 250 once the message is durable in the spool."""
+
+    def __init__(self, client: spool.AsyncClient) -> None:
+        self.client = client
+
+    async def handle_DATA(self, server: Any, session: Session, envelope: Envelope) -> str:
+        try:
+            msg_id = await self.client.accept(
+                envelope.mail_from, envelope.rcpt_tos, envelope.original_content or b""
+            )
+        except DiskFull:
+            return "452 4.3.1 insufficient system storage"
+        except InvalidMessage as e:
+            return f"554 5.6.0 {e}"
+        return f"250 2.0.0 ok: queued as {msg_id}"
+
+
+def test_an_aiosmtpd_handler_answers_250_after_a_durable_accept(tmp_path: Path) -> None:
+    d = str(tmp_path / "spool")
+    with owner(d):
+        loop = asyncio.new_event_loop()
+        client = loop.run_until_complete(spool.aconnect(d))
+        port = free_port()
+        controller = Controller(SpoolHandler(client), hostname="127.0.0.1", port=port, loop=loop)
+        controller.start()
+        try:
+
+            def send(i: int) -> str:
+                with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
+                    smtp.ehlo()
+                    smtp.mail("a@example.org")
+                    smtp.rcpt(f"r{i}@example.net")
+                    code, text = smtp.data(f"Subject: {i}\r\n\r\nhello {i}\r\n".encode())
+                    assert code == 250, text
+                    return text.decode().rsplit(" ", 1)[1]
+
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                ids = list(pool.map(send, range(64)))
+        finally:
+            controller.stop()
+        with spool.connect(d) as sync_client:
+            live = {e.msg_id: e for e in sync_client.list()}
+            stats = sync_client.statistics()
+        client.client.close()  # the controller closed its loop when it stopped
+    assert sorted(live) == sorted(ids)
+    assert stats.fsyncs < 64  # concurrent sessions shared fsyncs
+
+
+def test_awaitable_attempts_and_operator_calls(tmp_path: Path) -> None:
+    d = str(tmp_path / "spool")
+
+    async def scenario() -> None:
+        async with await spool.aconnect(d) as client:
+            kept = await client.accept("a@example.org", ["b@example.net", "c@example.net"], b"x")
+            held = await client.accept("a@example.org", ["d@example.net"], b"y")
+            await client.hold(held, reason="wait")
+            attempt = await client.claim(timeout=5)
+            assert attempt is not None and attempt.msg_id == kept
+            async with attempt:
+                assert await attempt.read_data() == b"x"
+                await attempt.delivered(["b@example.net"], "250 2.0.0 ok")
+                await attempt.failed(["c@example.net"], "550 5.1.1 no such user")
+            assert await client.claim() is None  # the other one is held
+            entries = await client.list()
+            assert [(e.msg_id, e.held) for e in entries] == [(held, "wait")]
+            stats = await client.statistics()
+            assert (stats.delivered, stats.failed) == (1, 1)
+            await client.release(held)
+            assert await client.retry_now() == 0
+
+    with owner(d):
+        asyncio.run(scenario())

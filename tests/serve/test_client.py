@@ -1,0 +1,158 @@
+"""The in-process API over the control socket: ``spool.connect`` against a real owner."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from spool import (
+    MessageTooLarge,
+    OperatorAction,
+    Spool,
+    SpoolMisuse,
+    UnknownMessage,
+    records,
+)
+from spool.client import RemoteAttempt, connect, owner_running, socket_path
+from spool.errors import InvalidAddress, OwnerUnreachable
+from tests.serve.running import owner
+
+BODY = b"Subject: over the socket\r\n\r\nhello\r\n"
+
+
+def make_spool(path: str) -> str:
+    Spool.open(path, retry_intervals=[0.2, 0.5], max_message_size=100_000).close()
+    return path
+
+
+def test_accept_claim_report_close_over_the_socket(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d), connect(d) as client:
+        msg_id = client.accept("a@example.org", ["b@example.net", "c@example.net"], BODY)
+        attempt = client.claim(timeout=5)
+        assert isinstance(attempt, RemoteAttempt) and attempt.msg_id == msg_id
+        assert attempt.envelope.recipients == ("b@example.net", "c@example.net")
+        assert attempt.envelope.body_size == len(BODY)
+        assert attempt.read_data() == BODY
+        with attempt:
+            attempt.delivered(["b@example.net"], "250 2.0.0 ok")
+            attempt.failed(["c@example.net"], "550 5.1.1 no such user")
+        assert client.claim() is None
+        stats = client.statistics()
+        assert (stats.accepted, stats.delivered, stats.failed) == (1, 1, 1)
+        kinds = [type(r) for _, r in client.show(msg_id)]
+        assert records.Finish in kinds
+        assert list(client.list()) == []
+    # The owner stopped cleanly: nothing in flight for the next open, socket removed.
+    assert not os.path.exists(socket_path(d))
+    with Spool.open(d) as sp:
+        assert sp.recovery.working_found == 0
+
+
+def test_typed_errors_cross_the_socket_and_change_nothing(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d), connect(d) as client:
+        with pytest.raises(InvalidAddress):
+            client.accept("not an address", ["b@example.net"], BODY)
+        with pytest.raises(MessageTooLarge):
+            client.accept("a@example.org", ["b@example.net"], b"x" * 100_001)
+        with pytest.raises(UnknownMessage):
+            client.hold("6B06814FD9D372D3")
+        msg_id = client.accept("a@example.org", ["b@example.net"], BODY)
+        with pytest.raises(SpoolMisuse):
+            client.release(msg_id)  # not held
+        with pytest.raises(SpoolMisuse):
+            client.hold(msg_id, reason="")
+        assert client.statistics().accepted == 1
+        assert [e.msg_id for e in client.list()] == [msg_id]
+
+
+def test_operator_actions_over_the_socket(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d), connect(d) as client:
+        ids = [client.accept("a@example.org", [f"r{i}@example.net"], BODY) for i in range(4)]
+        client.hold(ids[0], reason="their MX is down")
+        entry = {e.msg_id: e for e in client.list()}[ids[0]]
+        assert entry.held == "their MX is down" and entry.state == "held"
+        client.release(ids[0])
+        client.delete(ids[1])
+        client.bounce(ids[2], reason="554 5.7.1 relaying stopped")
+        result = client.act(OperatorAction.HOLD, [ids[3], "6B06814FD9D372D3"])
+        assert result.changed == (ids[3],) and result.unknown == ("6B06814FD9D372D3",)
+        assert sorted(e.msg_id for e in client.list()) == sorted([ids[0], ids[3]])
+        assert client.retry_now() == 0  # nothing deferred
+        assert client.checkpoint()["written"] in (True, False)
+
+
+def test_a_dropped_connection_closes_its_attempts_keeping_what_was_reported(
+    tmp_path: Path,
+) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d):
+        with connect(d) as client:
+            msg_id = client.accept("a@example.org", ["b@example.net", "c@example.net"], BODY)
+            attempt = client.claim(timeout=5)
+            assert attempt is not None
+            attempt.delivered(["b@example.net"], "250 2.0.0 ok")
+        # The connection is gone with the attempt open: c is deferred, b stays delivered.
+        with connect(d) as client:
+            client.retry_now(msg_id)
+            again = client.claim(timeout=5)
+            assert again is not None and again.msg_id == msg_id
+            assert again.envelope.recipients == ("c@example.net",)
+            again.close()
+
+
+def test_many_threads_share_one_connection(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    ids: list[str] = []
+    with owner(d), connect(d) as client:
+
+        def produce(n: int) -> None:
+            for i in range(25):
+                ids.append(client.accept("a@example.org", [f"t{n}.{i}@example.net"], BODY))
+
+        threads = [threading.Thread(target=produce, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(ids)) == 200
+        assert client.statistics().accepted == 200
+        assert client.statistics().fsyncs < 200  # group commit across the connection
+
+
+def test_no_owner_and_a_stale_socket_are_told_apart_from_a_running_one(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    assert not owner_running(d)
+    with pytest.raises(OwnerUnreachable):
+        connect(d)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(socket_path(d))  # a socket nobody listens on: a killed owner's leftover
+    stale.close()
+    with pytest.raises(OwnerUnreachable):
+        connect(d)
+    with owner(d):  # the next owner replaces it
+        assert owner_running(d)
+
+
+def test_calls_after_the_owner_stops_raise_owner_unreachable(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d):
+        client = connect(d)
+        client.accept("a@example.org", ["b@example.net"], BODY)
+    with pytest.raises(OwnerUnreachable):
+        client.statistics()
+    client.close()
+
+
+def test_a_long_spool_path_is_served_through_the_directory(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    d = make_spool(str(deep / "spool"))
+    assert len(socket_path(d)) > 108
+    with owner(d), connect(d) as client:
+        assert client.accept("a@example.org", ["b@example.net"], BODY)

@@ -1,0 +1,293 @@
+"""Worker processes under a real owner: every built-in agent, kills, leases, max-use."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from spool import Spool
+from spool.agents.maildir import mailbox_name
+from spool.client import connect
+from tests.serve.running import ROOT, child_env, owner
+from tests.serve.sink import start_sink
+
+MESSAGES = int(os.environ.get("SPOOL_SERVE_MESSAGES", "300"))
+AGENT = "python:tests.serve.agents_for_tests:"
+
+
+def make_spool(path: str, **options: object) -> str:
+    Spool.open(path, retry_intervals=[0.2, 0.4], **options).close()  # type: ignore[arg-type]
+    return path
+
+
+def wait_for(done: Callable[[], bool], timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def drained(d: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with connect(d) as client:
+            return not list(client.list())
+
+    return check
+
+
+def body(i: int) -> bytes:
+    return f"Subject: message {i}\r\nX-Token: t{i}\r\n\r\nbody {i}\r\n".encode()
+
+
+def test_maildir_workers_deliver_every_recipient_once(tmp_path: Path) -> None:
+    d, mail = make_spool(str(tmp_path / "spool")), tmp_path / "mail"
+    with owner(d, "--agent", f"maildir:{mail}", "--workers", "3", "--max-use", "50"):
+        with connect(d) as client:
+            for i in range(MESSAGES):
+                rcpts = [f"u{i % 7}@example.net", f"v{i % 5}@example.org"]
+                client.accept("a@example.org", rcpts, body(i))
+            wait_for(drained(d), what="the workers to drain the spool")
+            status = client.status()
+            stats = client.statistics()
+        assert stats.delivered == 2 * MESSAGES and stats.deferred == stats.failed == 0
+        assert status["worker_restarts"] >= MESSAGES // 50 - 3  # replaced after max-use
+    seen: dict[str, list[str]] = {}
+    for box in mail.iterdir():
+        assert not list((box / "tmp").iterdir())
+        for f in (box / "new").iterdir():
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600
+            text = f.read_bytes().decode()
+            token = text.split("X-Token: ")[1].split("\r\n")[0]
+            assert text.startswith("Return-Path: <a@example.org>\r\nDelivered-To: ")
+            seen.setdefault(token, []).append(box.name)
+    assert len(seen) == MESSAGES
+    for i in range(MESSAGES):
+        expected = sorted([mailbox_name(f"u{i % 7}@example.net"), f"v{i % 5}@example.org"])
+        assert sorted(seen[f"t{i}"]) == expected
+
+
+def test_pipe_agent_maps_exit_statuses_as_pipe8(tmp_path: Path) -> None:
+    d, out = make_spool(str(tmp_path / "spool")), tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "deliver.py"
+    script.write_text(
+        textwrap.dedent(f"""\
+        import sys
+        rcpt = sys.argv[2]
+        if rcpt.startswith("grey"):
+            sys.exit(75)
+        if rcpt.startswith("nouser"):
+            print("unknown user " + rcpt, file=sys.stderr)
+            sys.exit(67)
+        with open({str(out)!r} + "/" + rcpt, "ab") as f:
+            f.write(sys.stdin.buffer.read())
+        """)
+    )
+    agent = f"pipe:{sys.executable} {script} {{sender}} {{recipient}}"
+    with owner(d, "--agent", agent, "--workers", "2"), connect(d) as client:
+        ids = [
+            client.accept("a@example.org", [f"ok{i}@example.net", "nouser@example.net"], body(i))
+            for i in range(20)
+        ]
+        grey = client.accept("a@example.org", ["grey@example.net"], body(99))
+        wait_for(lambda: client.statistics().failed == 20, what="the failures")
+        wait_for(lambda: client.statistics().deferred >= 1, what="the deferral")
+        live = {e.msg_id: e for e in client.list()}
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"ok{i}@example.net" for i in range(20))
+    assert set(ids).isdisjoint(live)
+    assert "451 4.3.0 command status 75" in (live[grey].last_reply or "")
+
+
+def test_smtp_agent_relays_with_per_recipient_replies(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    controller, sink, port = start_sink()
+    try:
+        args = ("--agent", f"smtp:127.0.0.1:{port}", "--workers", "2")
+        with owner(d, *args), connect(d) as client:
+            for i in range(MESSAGES):
+                rcpts = [f"ok{i}@example.net", "nouser@example.net", "grey@example.net"]
+                client.accept("a@example.org", rcpts, body(i))
+            wait_for(lambda: client.statistics().failed == MESSAGES, what="the relay")
+            wait_for(lambda: client.statistics().delivered == MESSAGES, what="the relay")
+            live = list(client.list())
+            workers_started = 2 + client.status()["worker_restarts"]
+    finally:
+        controller.stop()
+    assert len(sink.received) == MESSAGES
+    assert all(len(rcpts) == 1 and rcpts[0].startswith("ok") for _, rcpts, _ in sink.received)
+    tokens = sorted(c.split(b"X-Token: ")[1].split(b"\r\n")[0] for _, _, c in sink.received)
+    assert tokens == sorted(f"t{i}".encode() for i in range(MESSAGES))
+    # One connection per delivery loop (4 per worker), reused across its messages.
+    assert sink.connections <= 4 * workers_started < MESSAGES
+    assert all(e.recipients == ("grey@example.net",) for e in live)
+    assert all("451 4.7.1 greylisted" in (e.last_reply or "") for e in live)
+
+
+def test_smtp_agent_defers_when_the_smarthost_is_down(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    from tests.serve.sink import free_port
+
+    args = ("--agent", f"smtp:127.0.0.1:{free_port()}", "--workers", "1")
+    with owner(d, *args), connect(d) as client:
+        msg_id = client.accept("a@example.org", ["b@example.net"], body(1))
+        wait_for(lambda: client.statistics().deferred >= 1, what="the deferral")
+        entry = next(e for e in client.list() if e.msg_id == msg_id)
+    assert (entry.last_reply or "").startswith("451 4.4.1 cannot reach")
+
+
+def test_python_agent_and_an_agent_that_raises(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d, "--agent", AGENT + "by_local_part", "--workers", "2"), connect(d) as client:
+        a = client.accept("a@example.org", ["ok@x.example", "nouser@x.example", "z@x.example"], b"")
+        b = client.accept("a@example.org", ["boom@x.example"], b"x")
+        wait_for(lambda: client.statistics().deferred >= 2, what="the deferrals")
+        live = {e.msg_id: e for e in client.list()}
+        stats = client.statistics()
+    assert stats.delivered == 1 and stats.failed == 1
+    assert live[a].recipients == ("z@x.example",)
+    assert "delivery agent error" in (live[b].last_reply or "")
+
+
+def test_a_worker_killed_mid_delivery_keeps_what_it_reported(tmp_path: Path) -> None:
+    """A worker (here a real client process) reports one recipient and is SIGKILLed:
+    that recipient is never attempted again, the others are."""
+    d = make_spool(str(tmp_path / "spool"))
+    script = textwrap.dedent(f"""\
+        import sys, time
+        from spool.client import connect
+        client = connect({d!r})
+        attempt = client.claim(timeout=10)
+        attempt.delivered(["b@example.net"], "250 2.0.0 ok")
+        print(attempt.msg_id, flush=True)
+        time.sleep(3600)
+        """)
+    with owner(d), connect(d) as client:
+        msg_id = client.accept("a@example.org", ["b@example.net", "c@example.net"], body(1))
+        worker = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, env=child_env(), cwd=ROOT
+        )
+        assert worker.stdout is not None
+        assert worker.stdout.readline().decode().strip() == msg_id
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        worker.stdout.close()
+        again = client.claim(timeout=10)
+        assert again is not None and again.msg_id == msg_id
+        assert again.envelope.recipients == ("c@example.net",)
+        assert again.envelope.attempts == 1
+        again.delivered(["c@example.net"], "250 2.0.0 ok")
+        again.close()
+        assert client.statistics().delivered == 2
+
+
+def test_mail_that_kills_its_worker_is_held_by_the_crash_loop_breaker(tmp_path: Path) -> None:
+    """Each death of the worker in the message's attempt counts as a crash; at the spool's
+    crash limit (2 here) the message is held, and the replacement workers go on."""
+    d = make_spool(str(tmp_path / "spool"), crash_limit=2)
+    with owner(d, "--agent", AGENT + "die_on_crash", "--workers", "1"), connect(d) as client:
+        crash = client.accept("a@example.org", ["crash@example.net"], body(1))
+
+        def held() -> bool:
+            return any(e.held for e in client.list() if e.msg_id == crash)
+
+        wait_for(held, what="the crash-loop hold")
+        wait_for(lambda: client.status()["worker_restarts"] == 2, what="the second restart")
+        ok = client.accept("a@example.org", ["ok@example.net"], body(2))
+        wait_for(lambda: ok not in {e.msg_id for e in client.list()}, what="the replacement")
+        entry = next(e for e in client.list() if e.msg_id == crash)
+    assert entry.held == "crash loop: in flight at 2 crashes"
+    assert entry.recipients == ("crash@example.net",) and entry.attempts == 2
+
+
+def test_a_hung_worker_is_killed_at_its_lease(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"))
+    args = ("--agent", AGENT + "by_local_part", "--workers", "1", "--attempt-timeout", "1s")
+    with owner(d, *args), connect(d) as client:
+        hung = client.accept("a@example.org", ["hang@example.net"], body(1))
+        wait_for(lambda: client.status()["lease_kills"] >= 1, what="the lease kill")
+        client.hold(hung)
+        wait_for(lambda: client.status()["workers"][0]["pid"] is not None, what="the restart")
+        ok = client.accept("a@example.org", ["ok@example.net"], body(2))
+        wait_for(lambda: ok not in {e.msg_id for e in client.list()}, what="the replacement")
+        entry = next(e for e in client.list() if e.msg_id == hung)
+    # Deferred by the lease (the spool's own, or the dropped connection of the killed
+    # worker, whichever came first): one attempt, unreported, held now.
+    assert entry.recipients == ("hang@example.net",) and entry.attempts == 1
+
+
+@pytest.mark.slow
+def test_kill_the_owner_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """SIGKILL the owner while clients accept and workers deliver into a Maildir; restart
+    and drain: every message whose accept returned is delivered (at least once)."""
+    d, mail, acks = make_spool(str(tmp_path / "spool")), tmp_path / "mail", tmp_path / "acks"
+    producer = textwrap.dedent(f"""\
+        import os
+        from spool.client import connect
+        from spool.errors import OwnerUnreachable
+        out = os.open({str(acks)!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        client = connect({d!r})
+        i = 0
+        try:
+            while True:
+                body = f"Subject: m\\r\\nX-Token: t{{os.getpid()}}.{{i}}\\r\\n\\r\\nx\\r\\n"
+                client.accept("a@example.org", [f"u{{i % 3}}@example.net"], body.encode())
+                os.write(out, f"t{{os.getpid()}}.{{i}}\\n".encode())
+                i += 1
+        except OwnerUnreachable:
+            pass
+        """)
+    agent = ("--agent", f"maildir:{mail}", "--workers", "2")
+    for _round in range(3):
+        with owner(d, *agent) as proc:
+            producers = [
+                subprocess.Popen([sys.executable, "-c", producer], env=child_env(), cwd=ROOT)
+                for _ in range(3)
+            ]
+            time.sleep(1.5)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            for p in producers:
+                p.wait(30)
+    with owner(d, *agent):
+        wait_for(drained(d), what="the drain after the kills")
+    delivered = set()
+    for box in mail.iterdir():
+        for f in (box / "new").iterdir():
+            delivered.add(f.read_bytes().split(b"X-Token: ")[1].split(b"\r\n")[0].decode())
+    acked = set(acks.read_text().split())
+    assert acked, "the producers accepted nothing"
+    assert acked <= delivered, f"lost: {sorted(acked - delivered)[:5]}"
+
+
+@pytest.mark.parametrize("over", ["tcp", "unix"])
+def test_lmtp_agent_settles_each_recipient_by_its_own_reply(tmp_path: Path, over: str) -> None:
+    from tests.serve.sink import start_lmtp_sink
+
+    d = make_spool(str(tmp_path / "spool"))
+    unix = str(tmp_path / "lmtp.sock") if over == "unix" else None
+    controller, store, port = start_lmtp_sink(unix)
+    spec = f"lmtp:{unix}" if unix else f"lmtp:127.0.0.1:{port}"
+    try:
+        with owner(d, "--agent", spec, "--workers", "1"), connect(d) as client:
+            rcpts = ["ok@example.net", "full@example.net", "gone@example.net", "nouser@x.net"]
+            msg_id = client.accept("a@example.org", rcpts, body(1))
+            ok2 = client.accept("a@example.org", ["ok2@example.net"], b".leading dot\r\n")
+            wait_for(lambda: client.statistics().failed == 2, what="the failures")
+            wait_for(lambda: client.statistics().delivered == 2, what="the deliveries")
+            live = {e.msg_id: e for e in client.list()}
+    finally:
+        controller.stop()
+    assert live[msg_id].recipients == ("full@example.net",)
+    assert "452 4.2.2 mailbox full" in (live[msg_id].last_reply or "")
+    assert ok2 not in live
+    contents = {rcpts: content for _, rcpts, content in store.received}
+    assert contents[("ok2@example.net",)] == b".leading dot\r\n"  # dot-stuffing undone
