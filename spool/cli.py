@@ -682,20 +682,6 @@ def selected_ids(msg_ids: tuple[str, ...]) -> list[str] | None:
     return ids
 
 
-def select_remote(
-    client: Client, ids: list[str] | None, where: Callable[[QueueEntry], bool] | None
-) -> list[str] | None:
-    """The ids ``Spool.act(action, ids, where=where)`` would act on, for an owner (a test
-    cannot travel over the socket: the listing comes here and is narrowed here). Ids that
-    are not live stay in, for the owner to report as unknown."""
-    if where is None:
-        return ids
-    live = {e.msg_id: e for e in client.list()}
-    if ids is None:
-        return [m for m, e in live.items() if where(e)]
-    return [m for m in ids if m not in live or where(live[m])]
-
-
 def operator_command(action: OperatorAction, help_text: str, reason: bool = False) -> None:
     """Register ``spool hold`` and its kin: ids, ``-``, ``--all`` or filters; one walk."""
 
@@ -722,11 +708,7 @@ def operator_command(action: OperatorAction, help_text: str, reason: bool = Fals
             (lambda e: matches(e, sender, recipient, held, older_than, now)) if filtered else None
         )
         with spool_or_owner(directory) as sp:
-            if isinstance(sp, Client):
-                ids = select_remote(sp, ids, where)
-                result = sp.act(action, ids, reason=reason)
-            else:
-                result = sp.act(action, ids, where=where, reason=reason)
+            result = sp.act(action, ids, where=where, reason=reason)
         for msg_id in result.unknown:
             click.echo(f"spool: {msg_id}: no such message in the spool", err=True)
         for why in result.refused.values():

@@ -23,7 +23,7 @@ import itertools
 import os
 import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from spool import format as fmt
@@ -104,7 +104,13 @@ def connect(directory: str | os.PathLike[str], timeout: float = 5.0) -> Client:
         raise OwnerUnreachable(f"no owner serves {path}: {why}") from None
     client = Client(path, sock)
     try:
-        client.owner = client._call("hello", version=VERSION)
+        try:
+            client.owner = client._request("hello", version=VERSION).result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise OwnerUnreachable(
+                f"the owner of {path} does not answer (stopped or overloaded; its pid is in "
+                f"{os.path.join(path, fmt.LOCK_NAME)})"
+            ) from None
     except BaseException:
         client.close()
         raise
@@ -154,7 +160,9 @@ class Client:
         return future
 
     def _read_replies(self) -> None:
-        decoder = Decoder()
+        # The owner is trusted: its replies (a large body, a long listing) may be as large
+        # as a frame can say.
+        decoder = Decoder(max_frame=2**32 - 1)
         why = f"the owner of {self.path} closed the connection"
         try:
             while True:
@@ -284,11 +292,21 @@ class Client:
         action: OperatorAction,
         msg_ids: Iterable[str] | None = None,
         *,
+        where: Callable[[QueueEntry], bool] | None = None,
         reason: str | None = None,
     ) -> ActionResult:
-        """As ``Spool.act`` (select with ``list`` first: a ``where`` test cannot travel)."""
+        """As ``Spool.act``. A ``where`` test runs here on the owner's listing; the owner
+        then applies the selection as its own ``where`` (so, as in process, a selected
+        message that finished meanwhile is skipped, not reported unknown)."""
         ids = None if msg_ids is None else _texts(msg_ids)
-        r = self._call("act", action=OperatorAction(action).value, msg_ids=ids, reason=reason)
+        selected = None if where is None else [e.msg_id for e in self.list() if where(e)]
+        r = self._call(
+            "act",
+            action=OperatorAction(action).value,
+            msg_ids=ids,
+            where_ids=selected,
+            reason=reason,
+        )
         return ActionResult(
             tuple(r["changed"]), tuple(r["unchanged"]), tuple(r["unknown"]), dict(r["refused"])
         )

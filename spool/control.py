@@ -108,6 +108,11 @@ class Session:
             started = min(self._claimed_at.values(), default=None)
         return None if started is None else time.monotonic() - started
 
+    def end_leases(self) -> None:
+        """Close this connection's attempts as deferred, not as crashes: its worker is
+        about to be killed for holding one past its lease (a hang, not a crash)."""
+        self.close(crashed=False)
+
     def close(self, *, crashed: bool) -> None:
         """The connection ended: close its attempts (unreported recipients deferred). When
         the client went away with attempts open (``crashed``: a worker that died, a client
@@ -199,7 +204,11 @@ class Session:
             raise ProtocolError(f"unknown action {name!r}") from None
         msg_ids = None if args.get("msg_ids") is None else _texts(args, "msg_ids")
         reason = _arg(args, "reason", (str, type(None))) if "reason" in args else None
-        return attrs.asdict(self.spool.act(action, msg_ids, reason=reason))
+        # ``where_ids``: a selection made by the client from a listing, applied as the
+        # in-process ``where`` test is (not named: nothing unknown or refused reported).
+        where_ids = None if args.get("where_ids") is None else set(_texts(args, "where_ids"))
+        where = None if where_ids is None else (lambda e: e.msg_id in where_ids)
+        return attrs.asdict(self.spool.act(action, msg_ids, where=where, reason=reason))
 
     def _retry_now(self, args: dict[str, Any]) -> int:
         msg_id = _arg(args, "msg_id", (str, type(None)))

@@ -33,9 +33,10 @@ from spool import format as fmt
 from spool.client import UnixAddress
 from spool.control import Peer, Session
 from spool.errors import PeerRefused, ProtocolError, SpoolError
-from spool.protocol import Decoder, ErrorReply, Reply, Request, encode
+from spool.protocol import DEFAULT_MAX_FRAME, Decoder, ErrorReply, Reply, Request, encode
 from spool.spool import Spool
 
+ACCEPT_RETRY: Final = 0.1  # seconds before accepting again after a failure (EMFILE)
 REQUESTS_IN_FLIGHT: Final = 32  # per connection; the reader waits beyond this
 # A frame holds one message and its envelope: the owner's limit is the message size limit
 # plus room for the envelope (1,000 recipients of 256 bytes) and the framing.
@@ -76,7 +77,7 @@ class ControlServer:
         self.spool = spool
         self._owner_info = owner_info
         self._allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
-        self._max_frame = spool.options.max_message_size + ENVELOPE_ROOM
+        self._max_frame = max(DEFAULT_MAX_FRAME, spool.options.max_message_size + ENVELOPE_ROOM)
         self._connections: dict[int, Connection] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -104,6 +105,11 @@ class ControlServer:
     def sessions(self) -> list[Session]:
         with self._lock:
             return [c.session for c in self._connections.values()]
+
+    def stopping(self) -> None:
+        """From now on connections that end are the owner's doing: their attempts are
+        closed without counting crashes (called before the workers are stopped)."""
+        self._stopping.set()
 
     def stop(self) -> None:
         """Stop accepting, drop every connection (their attempts closed), remove the socket."""
@@ -133,10 +139,18 @@ class ControlServer:
         while not self._stopping.is_set():
             try:
                 sock, _ = self._listener.accept()
-            except OSError:
-                return
-            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
-            thread.start()
+            except OSError as e:
+                if self._stopping.is_set():
+                    return
+                # Out of descriptors (EMFILE) or the like: say so, wait, go on serving.
+                log.error("accepting a connection failed: %s; retrying", e)
+                self._stopping.wait(ACCEPT_RETRY)
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+            except RuntimeError as e:  # no thread to be had: refuse this one, keep going
+                log.error("cannot serve a connection: %s", e)
+                sock.close()
 
     def _serve(self, sock: socket.socket) -> None:
         peer = peer_of(sock)

@@ -97,6 +97,7 @@ def serve(
     finally:
         if stop_metrics is not None:
             stop_metrics()
+        server.stopping()  # before the workers go: their ends are not crashes
         supervisor.stop()
         server.stop()
         stats = sp.statistics()

@@ -110,7 +110,14 @@ class Supervisor:
                 )  # fmt: skip
                 slot.backoff = min(BACKOFF_MAX, slot.backoff * 2)
         if slot.process is None and now >= slot.next_start and not self._stop.is_set():
-            slot.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL)
+            try:
+                slot.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL)
+            except OSError as e:  # out of processes or descriptors: try again later
+                log.error("cannot start worker %d: %s; retry in %.0f s", slot.number, e,
+                          slot.backoff)  # fmt: skip
+                slot.next_start = now + slot.backoff
+                slot.backoff = min(BACKOFF_MAX, slot.backoff * 2)
+                return
             slot.started = now
             log.info("worker %d started (pid %d)", slot.number, slot.process.pid)
 
@@ -127,6 +134,7 @@ class Supervisor:
                 slot.number, slot.process.pid, age,
             )  # fmt: skip
             self.lease_kills += 1
+            session.end_leases()  # deferred, not counted as crashes
             slot.process.kill()
             self.server.drop(slot.process.pid)
 

@@ -2,8 +2,8 @@
 
 ``spool serve --workers N --agent SPEC`` starts N of these (``supervisor.py``); one can
 also be run by hand against a running owner: ``python -m spool.worker DIR --agent SPEC``.
-The loop claims several attempts per round trip when many are due, reads each body, hands
-it to the agent (``spool.agents``), reports each recipient by its reply (delivered and
+The loop claims an attempt (one at a time: its lease runs from the claim), reads its
+body, hands it to the agent (``spool.agents``), reports each recipient by its reply (delivered and
 failed first: they return once durable) and closes the attempt. A worker runs
 ``--concurrency`` such loops (threads, each with its own agent, as each Postfix smtp(8)
 process has its own connection), so their durable reports share the owner's fsyncs. It
@@ -34,7 +34,9 @@ from spool.client import Client, RemoteAttempt, connect
 from spool.errors import OwnerUnreachable, SpoolError
 from spool.logs import setup_logging
 
-BATCH: Final = 4  # attempts claimed per round trip at most
+# Attempts claimed per round trip. One: a lease runs from the claim, and a loop delivers
+# its attempts one after another, so a batch's last attempt would spend its lease waiting.
+BATCH: Final = 1
 CONCURRENCY: Final = 4  # delivery loops (threads) per worker process
 POLL: Final = 0.2  # seconds between the main thread's looks at its loops
 CLAIM_WAIT: Final = 1.0  # seconds a claim waits for work before the loop looks around
@@ -58,8 +60,13 @@ def deliver_one(agent: Agent, attempt: RemoteAttempt) -> None:
         groups: dict[tuple[str, str], list[str]] = {}
         for rcpt in envelope.recipients:
             reply = replies.get(rcpt)
-            if reply is not None:
-                groups.setdefault((status_of(reply), reply), []).append(rcpt)
+            if reply is None:
+                continue
+            if not _well_formed(reply):
+                # An agent bug must not be taken for a delivery: retried later.
+                log.warning("%s: agent gave %r for %s; deferred", attempt.msg_id, reply, rcpt)
+                reply = BAD_REPLY
+            groups.setdefault((status_of(reply), reply), []).append(rcpt)
         # Durable outcomes first, then the deferrals; unreported ones are deferred by close.
         for (status, reply), rcpts in sorted(groups.items(), key=lambda g: g[0][0] == "deferred"):
             getattr(attempt, status)(rcpts, reply)
@@ -83,6 +90,20 @@ class Budget:
             self._left += unused
 
 
+BAD_REPLY: Final = "451 4.3.0 delivery agent gave no valid reply"
+
+
+def _well_formed(reply: object) -> bool:
+    """A reply the spool can record: text, one line, at most 900 UTF-8 bytes, a code."""
+    if not isinstance(reply, str) or not reply[:1].isdigit():
+        return False
+    try:
+        size = len(reply.encode())
+    except UnicodeEncodeError:
+        return False
+    return size <= 900 and reply.isprintable()
+
+
 def run_worker(
     client: Client, agent: Agent, budget: Budget, stop: threading.Event, batch: int = BATCH
 ) -> None:
@@ -98,7 +119,12 @@ def run_worker(
                 if stop.is_set():
                     attempt.close()  # not started: deferred with nothing reported
                     continue
-                deliver_one(agent, attempt)
+                try:
+                    deliver_one(agent, attempt)
+                except OwnerUnreachable:
+                    raise
+                except Exception as e:  # a refused report: the attempt is closed, go on
+                    log.error("%s: %r; unreported recipients deferred", attempt.msg_id, e)
     except OwnerUnreachable:
         log.info("the owner went away; worker exits")
         stop.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from spool import MessageEnvelope
 
@@ -25,6 +26,12 @@ def by_local_part(envelope: MessageEnvelope, data: bytes) -> dict[str, str]:
         elif local.startswith("nouser"):
             replies[rcpt] = "550 5.1.1 no such user"
     return replies
+
+
+def bad_replies(envelope: MessageEnvelope, data: bytes) -> dict[str, Any]:
+    """Replies no spool can record: not text, too long, not a reply line."""
+    bad: list[Any] = [250, "250 " + "x" * 5000, "250 ok\x00", "ok"]
+    return {r: bad[i % len(bad)] for i, r in enumerate(envelope.recipients)}
 
 
 def die_on_crash(envelope: MessageEnvelope, data: bytes) -> dict[str, str]:

@@ -37,6 +37,8 @@ def session(d: str) -> list[tuple[int, str, str]]:
         ("hold", d, ids[0]),  # already held: unchanged
         ("release", d, ids[1]),  # not held: refused
         ("release", d, "--held"),
+        ("release", d, "--sender", "a@example.org"),  # one held, others not: no refusal
+        ("hold", d, ids[0]),
         ("hold", d, "--recipient", "@example.net"),
         ("delete", d, ids[1], "6B06814FD9D372D3"),  # one unknown
         ("bounce", d, "-"),
@@ -62,7 +64,7 @@ def test_mutating_commands_print_the_same_with_and_without_an_owner(tmp_path: Pa
         checkpoint = spool_cmd("checkpoint", served)
         assert checkpoint.returncode == 0 and "positions" in checkpoint.stdout
     assert got == expected
-    assert [status for status, _, _ in got] == [0, 0, 1, 0, 0, 1, 0, 0, 0]
+    assert [status for status, _, _ in got] == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0]
 
 
 def test_status_shows_the_owner_and_its_workers(tmp_path: Path) -> None:

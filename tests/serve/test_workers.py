@@ -209,11 +209,15 @@ def test_mail_that_kills_its_worker_is_held_by_the_crash_loop_breaker(tmp_path: 
 
 
 def test_a_hung_worker_is_killed_at_its_lease(tmp_path: Path) -> None:
-    d = make_spool(str(tmp_path / "spool"))
+    """Killed at its lease, its attempt deferred, and not counted as a crash (with a crash
+    limit of 1, one count would hold the message)."""
+    d = make_spool(str(tmp_path / "spool"), crash_limit=1)
     args = ("--agent", AGENT + "by_local_part", "--workers", "1", "--attempt-timeout", "1s")
     with owner(d, *args), connect(d) as client:
         hung = client.accept("a@example.org", ["hang@example.net"], body(1))
         wait_for(lambda: client.status()["lease_kills"] >= 1, what="the lease kill")
+        wait_for(lambda: client.status()["worker_restarts"] >= 1, what="the replacement")
+        assert [e.held for e in client.list()] == [None]
         client.hold(hung)
         wait_for(lambda: client.status()["workers"][0]["pid"] is not None, what="the restart")
         ok = client.accept("a@example.org", ["ok@example.net"], body(2))
@@ -291,3 +295,32 @@ def test_lmtp_agent_settles_each_recipient_by_its_own_reply(tmp_path: Path, over
     assert ok2 not in live
     contents = {rcpts: content for _, rcpts, content in store.received}
     assert contents[("ok2@example.net",)] == b".leading dot\r\n"  # dot-stuffing undone
+
+
+def test_replies_an_agent_gets_wrong_defer_and_the_worker_goes_on(tmp_path: Path) -> None:
+    d = make_spool(str(tmp_path / "spool"), crash_limit=1)
+    with owner(d, "--agent", AGENT + "bad_replies", "--workers", "1"), connect(d) as client:
+        rcpts = [f"r{i}@example.net" for i in range(4)]
+        msg_id = client.accept("a@example.org", rcpts, body(1))
+        wait_for(lambda: client.statistics().deferred >= 4, what="the deferrals")
+        (entry,) = client.list()
+        stats, status = client.statistics(), client.status()
+    assert entry.msg_id == msg_id and entry.held is None  # never counted as a crash
+    assert (stats.delivered, stats.failed) == (0, 0)
+    assert "no valid reply" in (entry.last_reply or "")
+    assert status["worker_restarts"] == 0
+
+
+def test_connect_gives_up_on_an_owner_that_does_not_answer(tmp_path: Path) -> None:
+    from spool.errors import OwnerUnreachable
+
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d) as proc:
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(OwnerUnreachable, match="does not answer"):
+                connect(d, timeout=1.0)
+            assert time.monotonic() - started < 10
+        finally:
+            proc.send_signal(signal.SIGCONT)
