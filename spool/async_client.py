@@ -19,8 +19,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from spool.attempts import MessageEnvelope
-from spool.client import Client, _entry, _envelope, _texts, connect
-from spool.errors import SpoolMisuse, UnknownMessage
+from spool.client import (
+    Client,
+    _entry,
+    _envelope,
+    _texts,
+    action_result,
+    connect,
+    raise_for_one,
+)
 from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
 from spool.queue_view import QueueEntry
 from spool.statistics import SpoolStatistics
@@ -69,16 +76,10 @@ class AsyncClient:
     ) -> ActionResult:
         ids = None if msg_ids is None else _texts(msg_ids)
         r = await self._call("act", action=OperatorAction(action).value, msg_ids=ids, reason=reason)
-        return ActionResult(
-            tuple(r["changed"]), tuple(r["unchanged"]), tuple(r["unknown"]), dict(r["refused"])
-        )
+        return action_result(r)
 
     async def _one(self, action: OperatorAction, msg_id: str, reason: str | None) -> None:
-        result = await self.act(action, [msg_id], reason=reason)
-        if result.unknown:
-            raise UnknownMessage(msg_id)
-        if result.refused:
-            raise SpoolMisuse(result.refused[msg_id])
+        raise_for_one(await self.act(action, [msg_id], reason=reason), msg_id)
 
     async def hold(self, msg_id: str, reason: str = HELD_REASON) -> None:
         await self._one(OperatorAction.HOLD, msg_id, reason)

@@ -30,7 +30,13 @@ from spool import format as fmt
 from spool import records as rec
 from spool.arguments import check_seconds
 from spool.attempts import MessageEnvelope
-from spool.errors import OwnerUnreachable, ProtocolError, SpoolMisuse, remote_error
+from spool.errors import (
+    OwnerUnreachable,
+    ProtocolError,
+    SpoolMisuse,
+    UnknownMessage,
+    remote_error,
+)
 from spool.fs import FileSystem
 from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
 from spool.protocol import VERSION, Decoder, ErrorReply, Reply, Request, encode
@@ -265,8 +271,6 @@ class Client:
         self._call("sync")
         found = history(FileSystem(), self.path, msg_id)
         if not found:
-            from spool.errors import UnknownMessage
-
             raise UnknownMessage(msg_id)
         return found
 
@@ -307,9 +311,7 @@ class Client:
             where_ids=selected,
             reason=reason,
         )
-        return ActionResult(
-            tuple(r["changed"]), tuple(r["unchanged"]), tuple(r["unknown"]), dict(r["refused"])
-        )
+        return action_result(r)
 
     def statistics(self) -> SpoolStatistics:
         return SpoolStatistics(**self._call("statistics"))
@@ -330,13 +332,7 @@ class Client:
 
     def _one(self, action: OperatorAction, msg_id: str, reason: str | None) -> None:
         """One message, raising as ``Spool.hold`` and its kin do."""
-        from spool.errors import UnknownMessage
-
-        result = self.act(action, [msg_id], reason=reason)
-        if result.unknown:
-            raise UnknownMessage(msg_id)
-        if result.refused:
-            raise SpoolMisuse(result.refused[msg_id])
+        raise_for_one(self.act(action, [msg_id], reason=reason), msg_id)
 
 
 class RemoteAttempt:
@@ -384,6 +380,24 @@ class RemoteAttempt:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def action_result(answer: dict[str, Any]) -> ActionResult:
+    """An ``act`` answer as the ``ActionResult`` ``Spool.act`` returns."""
+    return ActionResult(
+        tuple(answer["changed"]),
+        tuple(answer["unchanged"]),
+        tuple(answer["unknown"]),
+        dict(answer["refused"]),
+    )
+
+
+def raise_for_one(result: ActionResult, msg_id: str) -> None:
+    """Raise as ``Spool.hold`` and its kin do for the one message an action named."""
+    if result.unknown:
+        raise UnknownMessage(msg_id)
+    if result.refused:
+        raise SpoolMisuse(result.refused[msg_id])
 
 
 def _texts(values: Iterable[str]) -> builtins.list[str]:

@@ -49,8 +49,12 @@ def _texts(args: dict[str, Any], name: str) -> list[str]:
     return values
 
 
-def _seconds(args: dict[str, Any], name: str) -> float | None:
+def _seconds(args: dict[str, Any], name: str, most: float) -> float | None:
+    """A wait of 0 to ``most`` seconds, or None; compared before any conversion, so an
+    integer too large for a float is refused like any other out of range."""
     value = _arg(args, name, (int, float, type(None)))
+    if value is not None and not 0 <= value <= most:
+        raise SpoolMisuse(f"{name} must be 0 to {most} seconds or null")
     return None if value is None else float(value)
 
 
@@ -60,7 +64,6 @@ class Peer:
 
     pid: int
     uid: int
-    connected_at: float = attrs.field(factory=time.time)
     attempts_done: int = 0
 
 
@@ -131,8 +134,8 @@ class Session:
 
     def _hello(self, args: dict[str, Any]) -> dict[str, Any]:
         version = _arg(args, "version", int)
-        if version != VERSION:
-            raise ProtocolError(f"protocol version {version} asked, this owner speaks {VERSION}")
+        if version != VERSION:  # (never printed: it may be any size)
+            raise ProtocolError(f"this owner speaks protocol version {VERSION} only")
         return {"version": VERSION, **self._owner_info()}
 
     def _accept(self, args: dict[str, Any]) -> str:
@@ -142,12 +145,10 @@ class Session:
         return self.spool.accept(sender, recipients, data)
 
     def _claim(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        wait = _seconds(args, "timeout")
+        wait = _seconds(args, "timeout", CLAIM_WAIT_MAX)
         most = _arg(args, "max", int)
-        if not 1 <= most <= CLAIM_BATCH_MAX:
-            raise SpoolMisuse(f"max must be 1 to {CLAIM_BATCH_MAX}, not {most}")
-        if wait is not None and not 0 <= wait <= CLAIM_WAIT_MAX:
-            raise SpoolMisuse(f"timeout must be 0 to {CLAIM_WAIT_MAX} seconds or null")
+        if not 1 <= most <= CLAIM_BATCH_MAX:  # (never printed: it may be any size)
+            raise SpoolMisuse(f"max must be 1 to {CLAIM_BATCH_MAX}")
         claimed: list[Attempt] = []
         first = self.spool.claim(CLAIM_WAIT_MAX if wait is None else wait)
         while first is not None:

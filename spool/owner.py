@@ -30,7 +30,7 @@ from typing import Any, Final
 import attrs
 
 from spool import format as fmt
-from spool.client import UnixAddress
+from spool.client import UnixAddress, socket_path
 from spool.control import Peer, Session
 from spool.errors import PeerRefused, ProtocolError, SpoolError
 from spool.protocol import DEFAULT_MAX_FRAME, Decoder, ErrorReply, Reply, Request, encode
@@ -81,7 +81,7 @@ class ControlServer:
         self._connections: dict[int, Connection] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self.path = os.path.join(spool.path, fmt.SOCKET_NAME)
+        self.path = socket_path(spool.path)
         self._listener = self._bind()
         self._acceptor = threading.Thread(target=self._accept_loop, name="control-accept")
 

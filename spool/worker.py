@@ -30,8 +30,9 @@ from typing import Final
 import click
 
 from spool.agents import Agent, load_agent, status_of
+from spool.arguments import check_text
 from spool.client import Client, RemoteAttempt, connect
-from spool.errors import OwnerUnreachable, SpoolError
+from spool.errors import OwnerUnreachable, SpoolError, SpoolMisuse
 from spool.logs import setup_logging
 
 # Attempts claimed per round trip. One: a lease runs from the claim, and a loop delivers
@@ -94,14 +95,13 @@ BAD_REPLY: Final = "451 4.3.0 delivery agent gave no valid reply"
 
 
 def _well_formed(reply: object) -> bool:
-    """A reply the spool can record: text, one line, at most 900 UTF-8 bytes, a code."""
-    if not isinstance(reply, str) or not reply[:1].isdigit():
-        return False
+    """A reply the spool records (``check_text``: text, at most ``TEXT_MAX`` bytes, no
+    NUL) that begins with its code's digit."""
     try:
-        size = len(reply.encode())
-    except UnicodeEncodeError:
+        check_text(reply, "reply")
+    except SpoolMisuse:
         return False
-    return size <= 900 and reply.isprintable()
+    return isinstance(reply, str) and reply[:1].isdigit()
 
 
 def run_worker(

@@ -77,7 +77,9 @@ class MaildirAgent:
         os.close(fd)
         new_dir = os.path.join(box, "new")
         os.rename(tmp, os.path.join(new_dir, unique))
-        # Delivered once the rename is durable: fsync the directory that now names it.
+        # Delivered once the rename is durable: fsync the directory that now names it. If
+        # this fsync fails the file is in new/ but the recipient is deferred: a possible
+        # duplicate, never a loss (the mailbox owner may see the copy before the retry).
         dir_fd = os.open(new_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dir_fd)

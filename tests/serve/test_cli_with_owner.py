@@ -139,3 +139,25 @@ def test_metrics_are_served_in_prometheus_text_format(tmp_path: Path) -> None:
 def test_serve_refuses_a_bad_metrics_address(tmp_path: Path) -> None:
     done = spool_cmd("serve", str(tmp_path / "spool"), "--metrics", "9100")
     assert done.returncode == 2 and "HOST:PORT" in done.stderr
+
+
+def test_ctrl_c_stops_the_owner_cleanly_and_json_logs_are_json(tmp_path: Path) -> None:
+    """SIGINT (a Ctrl-C) is a clean stop as SIGTERM is: exit 0, socket gone, nothing in
+    flight for the next open; with --log-format json every log line is one object."""
+    import signal
+
+    from spool.client import connect, socket_path
+
+    d, log = str(tmp_path / "spool"), str(tmp_path / "owner.log")
+    with owner(d, "--log-format", "json", log=log) as proc, connect(d) as client:
+        client.accept("a@example.org", ["b@example.net"], BODY)
+        assert client.claim(timeout=5) is not None  # left open: the stop closes it
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    assert not Path(socket_path(d)).exists()
+    lines = [json.loads(line) for line in Path(log).read_text().splitlines()]
+    assert {"time", "level", "pid", "message"} <= set(lines[0])
+    assert any(line["message"] == "stopping" for line in lines)
+    with Spool.open(d) as sp:
+        assert sp.recovery.working_found == 0
+        assert [e.attempts for e in sp.list()] == [1]

@@ -8,7 +8,6 @@ import shutil
 import socket
 import struct
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,4 +222,20 @@ def test_peer_credentials_name_this_process() -> None:
 def test_protocol_error_is_typed() -> None:
     with pytest.raises(ProtocolError):
         Decoder().feed(struct.pack(">IB", 1, 1) + cbor2.dumps(1))
-    assert threading.active_count() >= 1
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "error"),
+    [
+        ("claim", {"timeout": 10**400, "max": 1}, "SpoolMisuse"),
+        ("claim", {"timeout": 0, "max": 10**5000}, "SpoolMisuse"),
+        ("hello", {"version": 10**5000}, "ProtocolError"),
+    ],
+)
+def test_numbers_too_large_to_convert_get_a_typed_error(
+    live: str, op: str, args: dict[str, object], error: str
+) -> None:
+    got = exchange(live, encode(Request(4, op, args)))
+    assert len(got) == 1 and isinstance(got[0], ErrorReply)
+    assert (got[0].id, got[0].error) == (4, error)
+    unchanged(live)

@@ -16,7 +16,7 @@ import pytest
 
 from spool import Spool
 from spool.agents.maildir import mailbox_name
-from spool.client import connect
+from spool.client import Client, connect
 from tests.serve.running import ROOT, child_env, owner
 from tests.serve.sink import start_sink
 
@@ -34,6 +34,17 @@ def wait_for(done: Callable[[], bool], timeout: float = 120.0, what: str = "") -
     while not done():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def replaced(client: Client, *msg_ids: str) -> Callable[[], bool]:
+    """Each message is listed under the replacement its closed attempt wrote (with its
+    reply); a deferral is counted when reported, a moment before that replacement."""
+
+    def check() -> bool:
+        replies = {e.msg_id: e.last_reply for e in client.list()}
+        return all(replies.get(m) for m in msg_ids)
+
+    return check
 
 
 def drained(d: str) -> Callable[[], bool]:
@@ -101,6 +112,7 @@ def test_pipe_agent_maps_exit_statuses_as_pipe8(tmp_path: Path) -> None:
         grey = client.accept("a@example.org", ["grey@example.net"], body(99))
         wait_for(lambda: client.statistics().failed == 20, what="the failures")
         wait_for(lambda: client.statistics().deferred >= 1, what="the deferral")
+        wait_for(replaced(client, grey), what="the replacement")
         live = {e.msg_id: e for e in client.list()}
     assert sorted(p.name for p in out.iterdir()) == sorted(f"ok{i}@example.net" for i in range(20))
     assert set(ids).isdisjoint(live)
@@ -139,7 +151,9 @@ def test_smtp_agent_defers_when_the_smarthost_is_down(tmp_path: Path) -> None:
     args = ("--agent", f"smtp:127.0.0.1:{free_port()}", "--workers", "1")
     with owner(d, *args), connect(d) as client:
         msg_id = client.accept("a@example.org", ["b@example.net"], body(1))
-        wait_for(lambda: client.statistics().deferred >= 1, what="the deferral")
+        # The replacement envelope, written when the attempt closes, carries the reply
+        # (the deferral is counted a moment earlier, when it is reported).
+        wait_for(replaced(client, msg_id), what="the deferral")
         entry = next(e for e in client.list() if e.msg_id == msg_id)
     assert (entry.last_reply or "").startswith("451 4.4.1 cannot reach")
 
@@ -150,6 +164,7 @@ def test_python_agent_and_an_agent_that_raises(tmp_path: Path) -> None:
         a = client.accept("a@example.org", ["ok@x.example", "nouser@x.example", "z@x.example"], b"")
         b = client.accept("a@example.org", ["boom@x.example"], b"x")
         wait_for(lambda: client.statistics().deferred >= 2, what="the deferrals")
+        wait_for(replaced(client, a, b), what="the replacements")
         live = {e.msg_id: e for e in client.list()}
         stats = client.statistics()
     assert stats.delivered == 1 and stats.failed == 1
@@ -163,7 +178,7 @@ def test_a_worker_killed_mid_delivery_keeps_what_it_reported(tmp_path: Path) -> 
     d = make_spool(str(tmp_path / "spool"))
     script = textwrap.dedent(f"""\
         import sys, time
-        from spool.client import connect
+        from spool.client import Client, connect
         client = connect({d!r})
         attempt = client.claim(timeout=10)
         attempt.delivered(["b@example.net"], "250 2.0.0 ok")
@@ -235,7 +250,7 @@ def test_kill_the_owner_under_load_loses_nothing_acknowledged(tmp_path: Path) ->
     d, mail, acks = make_spool(str(tmp_path / "spool")), tmp_path / "mail", tmp_path / "acks"
     producer = textwrap.dedent(f"""\
         import os
-        from spool.client import connect
+        from spool.client import Client, connect
         from spool.errors import OwnerUnreachable
         out = os.open({str(acks)!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         client = connect({d!r})
@@ -287,6 +302,7 @@ def test_lmtp_agent_settles_each_recipient_by_its_own_reply(tmp_path: Path, over
             ok2 = client.accept("a@example.org", ["ok2@example.net"], b".leading dot\r\n")
             wait_for(lambda: client.statistics().failed == 2, what="the failures")
             wait_for(lambda: client.statistics().delivered == 2, what="the deliveries")
+            wait_for(replaced(client, msg_id), what="the replacement")
             live = {e.msg_id: e for e in client.list()}
     finally:
         controller.stop()
@@ -303,6 +319,7 @@ def test_replies_an_agent_gets_wrong_defer_and_the_worker_goes_on(tmp_path: Path
         rcpts = [f"r{i}@example.net" for i in range(4)]
         msg_id = client.accept("a@example.org", rcpts, body(1))
         wait_for(lambda: client.statistics().deferred >= 4, what="the deferrals")
+        wait_for(replaced(client, msg_id), what="the replacement")
         (entry,) = client.list()
         stats, status = client.statistics(), client.status()
     assert entry.msg_id == msg_id and entry.held is None  # never counted as a crash
