@@ -412,21 +412,34 @@ def _classify(
     return Region(number, start, end, RegionKind.RECORDS, why, ids=ids)
 
 
-# A message id as records carry it: CBOR text of 16 (0x70) upper-case hex digits.
-_MSG_ID = re.compile(rb"(?<=\x70)[\x00-\xff]{16}", re.DOTALL)
-_HEX = frozenset("0123456789ABCDEF")
+# A message id as records carry it: 16 upper-case hex digits (CBOR text, after 0x70).
+_SHORTEST_RUN = 5
+_HEX_RUN = re.compile(rb"[0-9A-F]{%d,}" % _SHORTEST_RUN)
+_HEX_BYTES = frozenset(b"0123456789ABCDEF")
+ID_LENGTH = 16
 
 
 def legible_ids(raw: bytes) -> tuple[str, ...]:
-    """The message ids legible in damaged bytes: each CBOR text of 16 characters (the
-    length byte 0x70 survived) with at least 14 of them still upper-case hex, so that an id
-    with a flipped character or two is still found (``same_id`` then matches it)."""
-    found = []
-    for match in _MSG_ID.finditer(raw):
-        text = match.group().decode("latin-1")
-        if sum(c in _HEX for c in text) >= 14:
-            found.append(text)
-    return tuple(dict.fromkeys(found))
+    """Every 16 bytes of damaged ``raw`` that could be a message id with a character or two
+    flipped (at least 14 of them upper-case hex), so that ``same_id`` can match the id of a
+    body file that no record names any more against them.
+
+    The length byte before the id (0x70) is not relied on: flipped, it once hid the id,
+    and the message vanished unnamed. An id with at most two characters damaged keeps a
+    run of at least five hex digits, so only the windows around such runs are counted.
+    Most windows returned are no id at all and match no body file. The worst a window can
+    do is match the body file of a message accepted in the same second (ids are the accept
+    second and a counter), whose envelope is then gone too: naming it lost is true.
+    """
+    found: dict[str, None] = {}
+    for run in _HEX_RUN.finditer(raw):
+        first = max(0, run.start() - (ID_LENGTH - _SHORTEST_RUN))
+        last = min(run.end() - _SHORTEST_RUN, len(raw) - ID_LENGTH)
+        for at in range(first, last + 1):  # every window with five digits of the run
+            window = raw[at : at + ID_LENGTH]
+            if sum(b in _HEX_BYTES for b in window) >= ID_LENGTH - 2:
+                found[window.decode("latin-1")] = None
+    return tuple(found)
 
 
 def same_id(damaged: str, msg_id: str) -> bool:

@@ -1161,3 +1161,28 @@ class KilledAtBodyFile(FileSystem):
 
 repair_spool({root!r}, fs=KilledAtBodyFile())
 """
+
+
+@pytest.mark.parametrize("size", [100, 5000], ids=["inline body", "body file"])
+def test_an_envelope_whose_id_lost_its_length_byte_is_named_lost(tmp_path: Path, size: int) -> None:
+    # Found by the million-state crash run (seeds 8385 and 8436): two flipped bits in the
+    # only envelope of a queued message, one in the CBOR length byte before its id (0x70,
+    # "p", became "t") and one in the id itself. The id was no longer legible (it was only
+    # looked for after an intact length byte), so the repair named nobody, moved the body
+    # file to corrupt/ as an orphan and exited 0: acknowledged mail gone without a word.
+    root = tmp_path / "spool"
+    with Spool.open(root, **OPTIONS) as sp:
+        msg = sp.accept("alice@example.org", ["bob@example.net"], b"x" * size)
+    seg, offset = _record_offset(root, "envelope")
+    data = bytearray(seg.read_bytes())
+    at = data.index(msg.encode(), offset)
+    assert data[at - 1] == 0x70
+    data[at - 1] ^= 0x04  # "p" (text of 16) -> "t" (text of 20)
+    data[at + 2] ^= 0x10  # and one character of the id: beyond correction
+    seg.write_bytes(bytes(data))
+    proc = run_spool("check", "--repair", str(root))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{msg}: envelope lost" in proc.stdout, proc.stdout
+    assert "after repair: clean" in proc.stdout, proc.stdout
+    with Spool.open(root, outcomes=True, **OPTIONS) as sp:
+        assert list(sp.list()) == [] and sp.claim() is None

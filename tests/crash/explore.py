@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -108,6 +109,11 @@ class Explorer:
     stop_at_first: bool = False
     report: ExploreReport = attrs.Factory(ExploreReport)
     _seen: set[bytes] = attrs.Factory(set)
+    # Aims one flipped-bit copy in four at a message id (its own stream: the other draws,
+    # and so the states explored, are those of the explorer without it).
+    _aim: random.Random = attrs.Factory(
+        lambda self: random.Random(self.seed ^ 0xA1D), takes_self=True
+    )
 
     def _states(
         self,
@@ -200,7 +206,7 @@ class Explorer:
         """Flip one byte of the durable log (media damage, not a crash): recovery and the
         tools must report it (CorruptSpool, or a problem from the check), never cut it as
         a torn tail or lose what is behind it."""
-        damaged = flip_durable_byte(state, rng)
+        damaged = flip_durable_byte(state, rng, self._aim)
         if damaged is None:
             return
         flipped, path, offsets = damaged
@@ -331,12 +337,20 @@ class Explorer:
                 self._violation(recorded, sim, p, chosen, problems, during)
 
 
+# A message id in a record: CBOR text of 16 (0x70), 16 upper-case hex digits.
+_ID_TEXT = re.compile(rb"\x70[0-9A-F]{16}")
+
+
 def flip_durable_byte(
-    state: TreeState, rng: random.Random
+    state: TreeState, rng: random.Random, aim: random.Random | None = None
 ) -> tuple[TreeState, str, tuple[int, ...]] | None:
     """A copy of ``state`` with one bit of a segment flipped inside the durable log (before
     the restart positions' ``consistent`` end), and half the time a second one a few bytes
-    on; the file and the offsets flipped; None if nothing is durable."""
+    on; the file and the offsets flipped; None if nothing is durable.
+
+    With ``aim``, one copy in four has its bits in a message id instead (the CBOR length
+    byte before it, or its characters): the bytes by which a repair names what the damage
+    cost, which a flip at random hits once in hundreds of copies."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -360,14 +374,21 @@ def flip_durable_byte(
         return None
     path, limit = rng.choice(candidates)
     offset = rng.randrange(limit)
-    data = bytearray(files[path])
-    data[offset] ^= 1 << rng.randrange(8)
+    bits = [rng.randrange(8)]
     offsets = [offset]
     if rng.random() < 0.5:
         # A second bit nearby (usually in the same frame, sometimes in the next): damage
         # no single bit explains, so the repair cannot simply set it right.
-        second = min(limit - 1, offset + rng.randrange(1, 16))
-        data[second] ^= 1 << rng.randrange(8)
-        offsets.append(second)
+        offsets.append(min(limit - 1, offset + rng.randrange(1, 16)))
+        bits.append(rng.randrange(8))
+    if aim is not None and aim.random() < 0.25:
+        ids = [m.start() for m in _ID_TEXT.finditer(files[path], 0, limit)]
+        if ids:
+            start = aim.choice(ids)  # the length byte; the id's 16 characters follow it
+            offsets = sorted({start + aim.randrange(2), start + aim.randrange(1, 17)})
+            bits = [aim.randrange(8) for _ in offsets]
+    data = bytearray(files[path])
+    for at, bit in zip(offsets, bits, strict=True):
+        data[at] ^= 1 << bit
     files[path] = bytes(data)
     return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)
