@@ -1011,7 +1011,7 @@ def _restore_one(sp: Spool, path: str, a: Affected) -> str:
             at = env.body.at or Position(a.region.segment, a.region.end)  # first: body follows
             data = read_inline_body(sp._state.fs, log_dir, env.msg_id, at)
         reason = RESTORED_HOLD.format(region=a.region)
-        sp._restore_envelope(env, data, Position(a.region.segment, a.region.start), reason)
+        sp._desk.restore_envelope(env, data, Position(a.region.segment, a.region.start), reason)
     except SpoolError as exc:
         return f"its envelope was lost at {a.region} and could not be restored ({exc})"
     return f"its envelope was damaged at {a.region}: {a.detail} (held)"
@@ -1047,7 +1047,7 @@ def _rebind_one(sp: Spool, a: Affected) -> str:
     """Name the copy of a body whose segment is gone; without an intact copy, fail the
     message's pending recipients (the sender is told; nothing could deliver it)."""
     try:
-        if not sp._rebind_body(a.msg_id):
+        if not sp._desk.rebind_body(a.msg_id):
             return "nothing to do: its envelope no longer names the gone segment"
     except CorruptSpool as exc:
         sp.bounce(a.msg_id, BODY_SEGMENT_GONE_REPLY)

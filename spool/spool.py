@@ -22,11 +22,8 @@ Commit points (docs/design.md numbers the invariants):
     bookkeeping: written without waiting, flushed with the next batch. A crash that loses
     them is repaired by recovery from the start record and the durable deltas.
 
-Crash safety:
-    The spool writes through the writer (log), ``bodies.py`` (large bodies),
-    ``positions.py`` (restart positions), ``options.py`` (the settings) and
-    ``checkpoints.py`` (body removal, segment deletion); each argues its own crash
-    behaviour where it writes.
+Crash safety: this module writes nothing itself. The writer (log), ``bodies.py``,
+``positions.py``, ``options.py`` and ``checkpoints.py`` each argue theirs where they write.
 
 Errors:
     Bad input raises an ``InvalidMessage`` subclass before anything is written. Disk
@@ -39,14 +36,14 @@ from __future__ import annotations
 import builtins
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 from spool import records as rec
 from spool.accepting import Acceptor
-from spool.arguments import check_msg_id, check_seconds, check_text
+from spool.arguments import check_msg_id, check_text
 from spool.attempts import EXPIRED_REPLY, UNREPORTED_REPLY, Attempt, MessageEnvelope
 from spool.clock import Clock, SystemClock, as_clock
-from spool.errors import SpoolClosed, SpoolMisuse, UnknownMessage
+from spool.errors import SpoolMisuse, UnknownMessage
 from spool.fs import FileSystem
 from spool.opening import open_spool
 from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
@@ -64,6 +61,7 @@ from spool.options import (
     resolve_options,
 )
 from spool.outcomes import MessageOutcome
+from spool.polling import until_closed
 from spool.positions import RestartPositions
 from spool.queue_view import QueueEntry, history
 from spool.records import Position
@@ -140,7 +138,8 @@ class Spool:
     @classmethod
     def _open_for_repair(cls, path: str, fs: FileSystem) -> Spool:
         """For ``spool check --repair`` only: open with the recorded options although a
-        repair is in progress (``format.REPAIRING_NAME``), to settle what it touched."""
+        repair is in progress (``format.REPAIRING_NAME``), to settle what it touched (with
+        ``OperatorDesk.restore_envelope`` and ``rebind_body`` besides the public calls)."""
         self = object.__new__(cls)
         self._open(path, fs, {}, as_clock(SystemClock()), repairing=True)
         return self
@@ -214,7 +213,7 @@ class Spool:
 
     def attempts(self, poll: float = 1.0) -> Iterator[Attempt]:
         """Yield attempts forever, until the spool closes (for worker loops)."""
-        return _until_closed(self.claim, poll)
+        return until_closed(self.claim, poll)
 
     # --- checkpoints and outcomes (checkpoints.py, outcome_desk.py) -------------------
 
@@ -237,7 +236,7 @@ class Spool:
 
     def outcomes(self, poll: float = 1.0) -> Iterator[MessageOutcome]:
         """Yield outcomes forever, until the spool closes."""
-        return _until_closed(self.next_outcome, poll)
+        return until_closed(self.next_outcome, poll)
 
     def ack_outcome(self, msg_id: str) -> None:
         """Acknowledge an outcome handed out by ``next_outcome``. Durable on return.
@@ -324,16 +323,6 @@ class Spool:
         """
         return self._desk.act(action, msg_ids, where, reason)
 
-    def _restore_envelope(
-        self, env: rec.Envelope, data: bytes, replaces: Position, reason: str
-    ) -> None:
-        """For ``spool check --repair`` only (``OperatorDesk.restore_envelope``)."""
-        self._desk.restore_envelope(env, data, replaces, reason)
-
-    def _rebind_body(self, msg_id: str) -> bool:
-        """For ``spool check --repair`` only (``OperatorDesk.rebind_body``)."""
-        return self._desk.rebind_body(msg_id)
-
     # --- introspection and lifecycle ---------------------------------------------------
 
     def statistics(self) -> SpoolStatistics:
@@ -359,23 +348,3 @@ class Spool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-T = TypeVar("T")
-
-
-def _until_closed(take: Callable[[float], T | None], poll: float) -> Iterator[T]:
-    """What ``take(poll)`` returns, for ever, until the spool closes; ``poll`` checked
-    at the call, not at the first ``next``."""
-    check_seconds(poll, "poll")
-
-    def generate() -> Iterator[T]:
-        while True:
-            try:
-                item = take(poll)
-            except SpoolClosed:
-                return
-            if item is not None:
-                yield item
-
-    return generate()

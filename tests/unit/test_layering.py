@@ -40,6 +40,7 @@ LAYERS: list[set[str]] = [
         "opening",
         "accepting",
         "statistics",
+        "polling",
     },
     {"spool"},
     {
