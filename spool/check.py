@@ -80,9 +80,10 @@ from spool.damage import (
     RegionKind,
     SegmentScan,
     Verdict,
+    id_near,
     replacement,
-    same_id,
     scan_segment,
+    whole_ids,
 )
 from spool.directory import archive_file
 from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
@@ -327,7 +328,16 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     _report_unfinished_repairs(affected, problems, notes)
     affected.extend(_bodies_in_gone_segments(fs, path, walk, segments, problems))
     present = _body_files(fs, path)
-    affected.extend(_envelopes_lost_with_files(present - live, regions, affected))
+    # Body files no live message names and no finish names (those are kept for a bounce):
+    # messages whose envelope may have been in the damage.
+    candidates = present - live - walk.finished
+    region_bytes = _region_bytes(fs, log_dir)
+    affected.extend(
+        _envelopes_lost_with_files(
+            candidates, regions, affected, region_bytes, walk.seen, _body_size(fs, path)
+        )
+    )
+    affected.extend(_messages_lost_whole(walk.seen, regions, affected, region_bytes))
     named = {a.msg_id for a in affected if a.verdict is not Verdict.RECORDS_LOST}
     for_bounces = walk.awaiting_ack & present
     if not _tracks_outcomes(fs, path, bad_settings, positions):
@@ -445,21 +455,102 @@ def _bodies_in_gone_segments(
 
 
 def _envelopes_lost_with_files(
-    unnamed_files: set[str], regions: list[Region], affected: list[Affected]
+    unnamed_files: set[str],
+    regions: list[Region],
+    affected: list[Affected],
+    region_bytes: Callable[[Region], bytes],
+    seen: set[str],
+    body_size: Callable[[str], int | None],
 ) -> list[Affected]:
     """Messages whose first envelope was in damage that no record of them outlived, found
-    by their body file (which no live message names) and their id still legible in the
-    damaged bytes. Without this they would vanish unnamed, their body filed as an orphan."""
+    by their body file (which no live or finished message names) and their id still
+    legible in the damaged bytes (``id_near``). Without this they would vanish unnamed,
+    their body filed as an orphan."""
+    known = {a.msg_id for a in affected}
+    wanted = sorted(unnamed_files - known)
+    found = []
+    for region in regions:
+        # A damaged envelope that still decodes, but under an id the damage changed (into
+        # one that never existed, or that of another message): its body file is not the
+        # one it names. An unnamed body file within four characters of that id and of the
+        # size the record gives is its message's.
+        env = region.record
+        if not isinstance(env, rec.Envelope) or env.body.kind != rec.BODY_FILE:
+            continue
+        if env.msg_id in unnamed_files:
+            continue
+        for msg_id in [m for m in wanted if _differences(m, env.msg_id) <= 4]:
+            if body_size(msg_id) != env.body.size:
+                continue
+            detail = f"its damaged envelope reads as {env.msg_id}; body file kept in corrupt/"
+            found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
+            wanted.remove(msg_id)
+    for region in regions:
+        if not wanted:
+            break
+        raw = region_bytes(region)
+        for msg_id in [m for m in wanted if id_near(raw, m, seen)]:
+            detail = "sender and recipients unknown; its body file is kept in corrupt/"
+            found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
+            wanted.remove(msg_id)
+    return found
+
+
+def _messages_lost_whole(
+    seen: set[str],
+    regions: list[Region],
+    affected: list[Affected],
+    region_bytes: Callable[[Region], bytes],
+) -> list[Affected]:
+    """Messages whose every record was in the damage (an envelope and its inline body, a
+    whole batch, a segment beyond reading): their id, whole in the damaged bytes, is named
+    by no intact record anywhere. Nothing of them can be restored; they are named, so that
+    no acknowledged message vanishes without a word (the bytes are in the copy in
+    ``corrupt/``). A message accepted and settled within that damage is named too: a
+    false alarm an operator can dismiss from the copy, never a silent loss."""
     known = {a.msg_id for a in affected}
     found = []
     for region in regions:
-        legible = [m for m in unnamed_files for seen in region.ids if same_id(seen, m)]
-        for msg_id in sorted(set(legible)):
-            if msg_id not in known:
-                detail = "sender and recipients unknown; its body file is kept in corrupt/"
-                found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
-                known.add(msg_id)
+        for msg_id in sorted(whole_ids(region_bytes(region)) - seen - known):
+            detail = (
+                "every record of it was in the damage: sender, recipients and body are only "
+                "in the copy in corrupt/"
+            )
+            found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
+            known.add(msg_id)
     return found
+
+
+def _body_size(fs: FileSystem, root: str) -> Callable[[str], int | None]:
+    """The size of the message a body file holds (None if it cannot be read)."""
+
+    def size(msg_id: str) -> int | None:
+        try:
+            return fs.file_size(_body_path(fs, root, msg_id)) - fmt.BODY_HEADER_SIZE
+        except OSError:
+            return None
+
+    return size
+
+
+def _differences(a: str, b: str) -> int:
+    return sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
+
+
+def _region_bytes(fs: FileSystem, log_dir: str) -> Callable[[Region], bytes]:
+    """Reads a region's bytes from its segment (the last segment read is kept)."""
+    cache: dict[int, bytes] = {}
+
+    def read(region: Region) -> bytes:
+        if region.segment not in cache:
+            cache.clear()
+            try:
+                cache[region.segment] = read_file(fs, _segment_path(log_dir, region.segment))
+            except FileNotFoundError:
+                cache[region.segment] = b""
+        return cache[region.segment][region.start : region.end]
+
+    return read
 
 
 def _segment_path(log_dir: str, number: int) -> str:

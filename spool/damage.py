@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 
 import attrs
 import cbor2
@@ -98,7 +98,6 @@ class Region:
     copy: str = ""
     sup: tuple[Position, ...] = ()  # envelopes the lost bytes superseded (see assess)
     record: rec.Record | None = None  # the one lost record as it still decodes (unchecked)
-    ids: tuple[str, ...] = ()  # message ids still legible in the damaged bytes
 
     @property
     def records_lost(self) -> bool:
@@ -391,7 +390,6 @@ def _classify(
     padding = corrected is not None and corrected[8] == fmt.T_PAD
     if padding or _was_padding(raw) or _near_padding(raw, salt) or end - start < RECORD_FRAME_MIN:
         return Region(number, start, end, RegionKind.PADDING, f"padding damaged ({reason})")
-    ids = legible_ids(data[start:end])
     known = single_record(data[start:end])
     if known is not None:
         target = known.target if isinstance(known, rec.Control) else known.msg_id
@@ -406,48 +404,61 @@ def _classify(
             lost=kind,
             lost_target=target,
             record=known,
-            ids=ids,
         )
     why = f"records damaged ({reason})"
-    return Region(number, start, end, RegionKind.RECORDS, why, ids=ids)
+    return Region(number, start, end, RegionKind.RECORDS, why)
 
 
-# A message id as records carry it: 16 upper-case hex digits (CBOR text, after 0x70).
-_SHORTEST_RUN = 5
-_HEX_RUN = re.compile(rb"[0-9A-F]{%d,}" % _SHORTEST_RUN)
-_HEX_BYTES = frozenset(b"0123456789ABCDEF")
 ID_LENGTH = 16
+# An id with at most two characters damaged, or a burst of four, keeps one of these
+# pieces whole.
+_ID_PIECES = ((0, 5), (5, 10), (10, 16))
 
 
-def legible_ids(raw: bytes) -> tuple[str, ...]:
-    """Every 16 bytes of damaged ``raw`` that could be a message id with a character or two
-    flipped (at least 14 of them upper-case hex), so that ``same_id`` can match the id of a
-    body file that no record names any more against them.
+# A message id as a record holds it, whole: CBOR text of 16 (0x70), upper-case hex.
+_WHOLE_ID = re.compile(rb"\x70([0-9A-F]{16})")
 
-    The length byte before the id (0x70) is not relied on: flipped, it once hid the id,
-    and the message vanished unnamed. An id with at most two characters damaged keeps a
-    run of at least five hex digits, so only the windows around such runs are counted.
-    Most windows returned are no id at all and match no body file. The worst a window can
-    do is match the body file of a message accepted in the same second (ids are the accept
-    second and a counter), whose envelope is then gone too: naming it lost is true.
-    """
-    found: dict[str, None] = {}
-    for run in _HEX_RUN.finditer(raw):
-        first = max(0, run.start() - (ID_LENGTH - _SHORTEST_RUN))
-        last = min(run.end() - _SHORTEST_RUN, len(raw) - ID_LENGTH)
-        for at in range(first, last + 1):  # every window with five digits of the run
-            window = raw[at : at + ID_LENGTH]
-            if sum(b in _HEX_BYTES for b in window) >= ID_LENGTH - 2:
-                found[window.decode("latin-1")] = None
-    return tuple(found)
+
+def whole_ids(raw: bytes) -> set[str]:
+    """The message ids that damaged bytes still hold whole (length byte and all)."""
+    return {m.group(1).decode("ascii") for m in _WHOLE_ID.finditer(raw)}
+
+
+def id_near(raw: bytes, msg_id: str, others: Container[str] = ()) -> bool:
+    """Whether damaged bytes ``raw`` hold ``msg_id``, or its text with at most two
+    characters wrong (``same_id``) that is not the whole id of one of ``others`` (messages
+    the log names intact: ids of one second differ in a character or two, so the intact
+    id of a neighbour must not count). So that a message whose envelope was in the damage,
+    and whose body file no live message names, is named, not taken for an orphan.
+
+    Looked for by the id's pieces (whatever the bytes around it, the CBOR length byte before
+    it included: flipped, that byte once hid the id), each found at C speed, so the cost is
+    a few scans of the region per candidate, not a window per byte."""
+    text = msg_id.encode("ascii", "replace")
+    for lo, hi in _ID_PIECES:
+        piece = text[lo:hi]
+        at = raw.find(piece)
+        while at != -1:
+            start = at - lo
+            window = raw[start : start + ID_LENGTH].decode("latin-1") if start >= 0 else ""
+            if window == msg_id or (
+                len(window) == ID_LENGTH and same_id(window, msg_id) and window not in others
+            ):
+                return True
+            at = raw.find(piece, at + 1)
+    return False
 
 
 def same_id(damaged: str, msg_id: str) -> bool:
-    """Whether an id read from damaged bytes is ``msg_id`` but for at most two characters."""
-    return (
-        len(damaged) == len(msg_id)
-        and sum(a != b for a, b in zip(damaged, msg_id, strict=True)) <= 2
-    )
+    """Whether an id read from damaged bytes is ``msg_id`` but for at most two characters,
+    or for a burst of up to four in a row (one bad run of bytes)."""
+    if len(damaged) != len(msg_id):
+        return False
+    wrong = [i for i, (a, b) in enumerate(zip(damaged, msg_id, strict=True)) if a != b]
+    return len(wrong) <= 2 or (len(wrong) <= BURST and wrong[-1] - wrong[0] < BURST)
+
+
+BURST = 4
 
 
 # Frames up to this size are searched for a single flipped bit (8 CRC steps a byte).
@@ -714,6 +725,12 @@ class Assessment:
         # Finished messages with a body file and no outcome acknowledgement (yet): with
         # outcome tracking their files are kept for the bounce (outcomes.py).
         self.awaiting_ack: set[str] = set()
+        # Messages whose finish was seen: settled for good. A damaged envelope after it that
+        # still reads as theirs is another message's whose id the damage changed.
+        self.finished: set[str] = set()
+        # Every message an intact record names (an id that only damage holds is a message
+        # whose records were all lost: check.py names it).
+        self.seen: set[str] = set()
 
     def region_at(self, at: Position) -> Region | None:
         return next((r for r in self.regions if r.holds(at)), None)
@@ -742,7 +759,7 @@ class Assessment:
         if not region.records_lost:
             return
         target = self.live.get(region.lost_target)
-        if region.lost == _ENVELOPE:
+        if region.lost == _ENVELOPE and region.lost_target not in self.finished:
             # Unless a later envelope or finish of the message re-establishes it, this was
             # the envelope that carried it on (a first one; or a replacement that settled an
             # attempt whose own envelope may be long deleted): it is restored, held, or
@@ -790,8 +807,10 @@ class Assessment:
             # A BODY frame right after damage: its first envelope was in the damage.
             msg_id = frame.payload[: fmt.MSG_ID_LENGTH].decode("ascii", "replace")
             self.lone_bodies[msg_id] = self.previous[1]
+        self.seen.add(frame.payload[: fmt.MSG_ID_LENGTH].decode("ascii", "replace"))
 
     def _record(self, pos: Position, frame: Frame, record: rec.Record) -> None:
+        self.seen.add(record.target if isinstance(record, rec.Control) else record.msg_id)
         if isinstance(record, rec.Envelope):
             if record.supersedes is not None:
                 self._passed_over(self.live.get(record.msg_id), record.supersedes)
@@ -825,6 +844,7 @@ class Assessment:
                 self._start_was_lost(state.envelope_at)
             self._reestablished(record.msg_id)
             self.lost_envelopes.pop(record.msg_id, None)
+            self.finished.add(record.msg_id)
             if record.body.kind == rec.BODY_FILE:
                 self.awaiting_ack.add(record.msg_id)
         elif isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:

@@ -350,7 +350,8 @@ def flip_durable_byte(
 
     With ``aim``, one copy in four has its bits in a message id instead (the CBOR length
     byte before it, or its characters): the bytes by which a repair names what the damage
-    cost, which a flip at random hits once in hundreds of copies."""
+    cost, which a flip at random hits once in hundreds of copies; and one in eight a burst
+    of four damaged bytes in a row."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -381,12 +382,19 @@ def flip_durable_byte(
         # no single bit explains, so the repair cannot simply set it right.
         offsets.append(min(limit - 1, offset + rng.randrange(1, 16)))
         bits.append(rng.randrange(8))
-    if aim is not None and aim.random() < 0.25:
+    aimed = aim.random() if aim is not None else 1.0
+    if aim is not None and aimed < 0.25:
         ids = [m.start() for m in _ID_TEXT.finditer(files[path], 0, limit)]
         if ids:
             start = aim.choice(ids)  # the length byte; the id's 16 characters follow it
             offsets = sorted({start + aim.randrange(2), start + aim.randrange(1, 17)})
             bits = [aim.randrange(8) for _ in offsets]
+    elif aim is not None and aimed < 0.375 and limit > 4:
+        # A burst: one bit in each of four bytes in a row (a bad sector's worth of damage
+        # in small), often across the boundary of two frames, which no one bit explains.
+        start = aim.randrange(limit - 3)
+        offsets = list(range(start, start + 4))
+        bits = [aim.randrange(8) for _ in offsets]
     data = bytearray(files[path])
     for at, bit in zip(offsets, bits, strict=True):
         data[at] ^= 1 << bit
