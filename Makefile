@@ -5,17 +5,30 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SPOOL_DIR ?= var/spool
 
-.PHONY: install test test-fast test-crash coverage fuzz lint typecheck fmt run bench bench-quick clean
+.PHONY: install java test test-fast test-crash coverage fuzz lint typecheck fmt run report-demo bench bench-quick clean
 
+# The analytics extra (PySpark, pyarrow, matplotlib) is part of the development install:
+# its tests run in `make test` like every other.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,analytics]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-test: $(STAMP)
+# Spark needs a Java runtime (17 or later). As root on Debian or Ubuntu, it is installed;
+# otherwise this says in one line what to install.
+java:
+	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	  else \
+	    echo "make: the Spark tests need Java 17 or later: sudo apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"; \
+	    exit 1; \
+	  fi; }
+
+test: $(STAMP) java
 	$(BIN)/python -m pytest -q
 
 # The long run (docs/reliability.md): a million crash states, 5,000 kills (a fifth during
@@ -40,6 +53,12 @@ coverage: $(STAMP)
 fuzz: $(STAMP)
 	$(BIN)/pip install --quiet atheris
 	$(BIN)/python -m tools.fuzz_records -runs=1000000
+
+# A simulated fleet (three servers, a day of mail) and its delivery report (docs/analytics.md).
+report-demo: $(STAMP) java
+	rm -rf var/fleet
+	$(BIN)/python -m tools.fleet var/fleet --servers 3 --hours 24
+	$(BIN)/spool report var/fleet/mx1 var/fleet/mx2 var/fleet/mx3 --out var/fleet-report
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -1,0 +1,263 @@
+"""The records of spool logs as rows: one per record and recipient.
+
+A *source* is a spool directory (its log and, when it records one, its archive of retired
+segments) or an archive directory alone. ``plan_segments`` lists the segments of sources
+(one unit of parallel work each); ``segment_rows`` decodes one with the spool's own reader
+and record codec, so the analytics read exactly what recovery reads:
+
+- a live spool is read up to the end of what is on disk; a torn or half-written tail of
+  the newest segment is where reading stops, quietly (as ``spool list`` does);
+- damage before that is ``CorruptSpool`` naming file and offset, or, with
+  ``on_damage="skip"``, one row of kind ``damaged`` (the reason in ``reply``) and the rest
+  of that segment skipped.
+
+Reads only; takes no lock, so it runs beside a running owner.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, Final
+
+import attrs
+
+from spool import format as fmt
+from spool import records as rec
+from spool.errors import CorruptSpool, SpoolError
+from spool.framing import Frame
+from spool.fs import FileSystem
+from spool.options import archive_path, load_settings, resolve_options
+from spool.positions import load_positions, unretired
+from spool.reader import LogCursor, list_segments
+from spool.records import Position
+
+# The reply of a recipient that failed because its message was too long in the queue
+# (``attempts.EXPIRED_REPLY`` starts with it): such a failure is the kind ``expired``.
+EXPIRED_PREFIX: Final = "554 5.4.7 message expired"
+
+COLUMNS: Final = (
+    ("server", "string"),
+    ("segment", "long"),
+    ("offset", "long"),
+    ("time", "double"),  # seconds since the epoch, as the records carry them
+    ("msg_id", "string"),
+    ("record", "string"),  # envelope, start, delta, finish, control, damage
+    ("kind", "string"),
+    ("sender", "string"),
+    ("recipient", "string"),
+    ("status", "string"),
+    ("reply", "string"),
+    ("attempt", "int"),
+    ("klass", "int"),
+    ("held", "string"),
+    ("body_size", "long"),
+    ("accepted_at", "double"),
+)
+SCHEMA: Final = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
+
+
+class NotASpool(SpoolError):
+    """A path given to the analytics is neither a spool directory nor an archive of
+    segments. Name a directory made by ``spool`` (it has ``log/``) or its archive_dir."""
+
+
+@attrs.frozen
+class SegmentSource:
+    """One segment to read: picklable, so it can travel to a Spark executor."""
+
+    server: str
+    log_dir: str
+    segment: int
+    newest: int | None  # the newest segment of a live log (where a torn tail may be)
+    durable_end: tuple[int, int] | None  # the restart positions' consistent end
+
+
+def parse_source(text: str) -> tuple[str, str]:
+    """``NAME=PATH`` or ``PATH`` (the server name is then the directory's name)."""
+    name, sep, path = text.partition("=")
+    if not sep or os.sep in name:
+        path, name = text, ""
+    path = os.path.abspath(path)
+    return (name or os.path.basename(path.rstrip(os.sep)) or path), path
+
+
+def plan_segments(sources: list[str], fs: FileSystem | None = None) -> list[SegmentSource]:
+    """Every segment of ``sources`` (``NAME=PATH`` or ``PATH``), oldest first per source.
+
+    A spool directory gives its live segments and, when it archives, the archived segments
+    older than them (a segment in both, left by a crash midway through archiving, is read
+    once, from the log). Raises ``NotASpool`` for a path that is neither kind.
+    """
+    fs = fs or FileSystem()
+    plan: list[SegmentSource] = []
+    for text in sources:
+        server, path = parse_source(text)
+        if not os.path.isdir(path):
+            raise NotASpool(f"{path}: no such directory (give a spool directory or its archive)")
+        log_dir = os.path.join(path, fmt.LOG_DIR)
+        if os.path.isdir(log_dir):
+            plan.extend(_spool_segments(fs, server, path, log_dir))
+        elif _segment_numbers(path) or not os.listdir(path):
+            plan.extend(_archived(server, path, _segment_numbers(path), below=None))
+        else:
+            raise NotASpool(
+                f"{path}: not a spool directory (no {fmt.LOG_DIR}/) nor an archive of "
+                f"segments (no *{fmt.SEGMENT_SUFFIX} files)"
+            )
+    return plan
+
+
+def _spool_segments(fs: FileSystem, server: str, root: str, log_dir: str) -> list[SegmentSource]:
+    positions = load_positions(fs, root)
+    live = unretired(list_segments(fs, log_dir), positions)
+    plan: list[SegmentSource] = []
+    archive = archive_path(root, resolve_options(load_settings(fs, root), {}))
+    if archive is not None and os.path.isdir(archive):
+        below = live[0] if live else None
+        plan.extend(_archived(server, archive, _segment_numbers(archive), below))
+    end = positions.consistent if positions is not None else None
+    newest = live[-1] if live else None
+    for seg in live:
+        plan.append(
+            SegmentSource(server, log_dir, seg, newest, (end.segment, end.offset) if end else None)
+        )
+    return plan
+
+
+def _archived(
+    server: str, directory: str, numbers: list[int], below: int | None
+) -> list[SegmentSource]:
+    # An archived segment is complete: any bad frame in it is damage, never a torn tail.
+    return [
+        SegmentSource(server, directory, n, None, (n + 1, 0))
+        for n in numbers
+        if below is None or n < below
+    ]
+
+
+def _segment_numbers(directory: str) -> list[int]:
+    numbers = []
+    for name in os.listdir(directory):
+        stem, dot, suffix = name.partition(".")
+        if dot and "." + suffix == fmt.SEGMENT_SUFFIX and stem.isdigit():
+            numbers.append(int(stem))
+    return sorted(numbers)
+
+
+def segment_rows(
+    source: SegmentSource,
+    *,
+    on_damage: str = "error",
+    start: int = 0,
+    stop: int | None = None,
+    fs: FileSystem | None = None,
+) -> Iterator[tuple[Any, ...]]:
+    """The rows (in ``COLUMNS`` order) of one segment's records, in log order: of the
+    frames from byte ``start`` (a frame boundary) to ``stop`` (the end of the segment if
+    None)."""
+    fs = fs or FileSystem()
+    cursor = _cursor(fs, source, start)
+    end = Position(source.segment, stop) if stop is not None else Position(source.segment + 1, 0)
+    try:
+        while True:
+            try:
+                item = cursor.next(end)
+                if item is None:
+                    return
+                pos, frame = item
+                if not isinstance(frame, Frame) or frame.type in (fmt.T_BODY, fmt.T_PAD):
+                    continue  # a body stepped over, or padding
+                record = rec.decode_stored(
+                    frame.type, frame.payload, cursor.path(pos.segment), pos.offset
+                )
+            except CorruptSpool as exc:
+                if on_damage != "skip":
+                    raise
+                yield _damage_row(source, exc)
+                return
+            yield from record_rows(source.server, pos, record)
+    finally:
+        cursor.close()
+
+
+def readable_end(source: SegmentSource, start: int = 0, fs: FileSystem | None = None) -> int:
+    """The offset after the last whole frame of the segment from ``start`` on: where a
+    reader following a live spool has read up to (a torn or half-written frame at the end
+    is not counted; the next look reads it once it is whole). Damage ends the look too;
+    reading the rows reports it."""
+    fs = fs or FileSystem()
+    cursor = _cursor(fs, source, start)
+    end = Position(source.segment + 1, 0)
+    offset = start
+    try:
+        while (item := cursor.next(end)) is not None:
+            pos, frame = item
+            offset = pos.offset + frame.size
+    except CorruptSpool:
+        pass
+    finally:
+        cursor.close()
+    return offset
+
+
+def _cursor(fs: FileSystem, source: SegmentSource, start: int) -> LogCursor:
+    return LogCursor(
+        fs,
+        source.log_dir,
+        Position(source.segment, start),
+        durable_end=Position(*source.durable_end) if source.durable_end else None,
+        newest_segment=source.newest,
+        skip_bodies=True,
+    )
+
+
+def _damage_row(source: SegmentSource, exc: CorruptSpool) -> tuple[Any, ...]:
+    return (
+        source.server, source.segment, exc.offset, None, None, "damage", "damaged",
+        None, None, None, f"{exc.path} at {exc.offset}: {exc.reason}", None, None, None, None, None,
+    )  # fmt: skip
+
+
+def record_rows(server: str, pos: Position, record: rec.Record) -> Iterator[tuple[Any, ...]]:
+    """The rows of one record (see ``COLUMNS``)."""
+    seg, off = pos
+    if isinstance(record, rec.Envelope):
+        kind = "requeued" if record.supersedes is not None else "accepted"
+        for r in record.recipients:
+            yield (
+                server, seg, off, record.written_at, record.msg_id, "envelope", kind,
+                record.sender, r, None, record.last_reply, record.attempts, record.klass,
+                record.held, record.body.size, record.accepted_at,
+            )  # fmt: skip
+    elif isinstance(record, rec.Start):
+        yield (
+            server, seg, off, record.at, record.msg_id, "start", "started",
+            None, None, None, None, None, record.klass, None, None, None,
+        )  # fmt: skip
+    elif isinstance(record, rec.Delta):
+        kind = _kind_of(record.status, record.reply)
+        for r in record.recipients:
+            yield (
+                server, seg, off, record.at, record.msg_id, "delta", kind,
+                None, r, record.status, record.reply, None, None, None, None, None,
+            )  # fmt: skip
+    elif isinstance(record, rec.Finish):
+        for o in record.outcomes:
+            yield (
+                server, seg, off, record.at, record.msg_id, "finish", "finished",
+                record.sender, o.recipient, _kind_of(o.status, o.reply), o.reply, None, None,
+                None, record.body.size, record.accepted_at,
+            )  # fmt: skip
+    elif isinstance(record, rec.Control):
+        yield (
+            server, seg, off, record.at, record.target or None, "control", record.action,
+            None, None, None, record.why or None, None, None, None, None, None,
+        )  # fmt: skip
+
+
+def _kind_of(status: str, reply: str) -> str:
+    """A recipient's status as the analytics name it: ``expired`` is a failure for age."""
+    if status == rec.FAILED and reply.startswith(EXPIRED_PREFIX):
+        return "expired"
+    return status

@@ -1,0 +1,176 @@
+"""The Spark data source ``spool``: the records of spool logs as a DataFrame.
+
+    spark.dataSource.register(SpoolDataSource)
+    spark.read.format("spool").load("mx1=/var/spool/mx1,/var/spool/mx2")
+    CREATE TEMPORARY VIEW log USING spool OPTIONS (path '/var/spool/mx1')
+
+``path`` is a comma-separated list of sources, each a spool directory or an archive
+directory, optionally named (``NAME=PATH``; the server name defaults to the directory's
+name). One partition per segment; each yields Arrow record batches of the rows
+``events.segment_rows`` decodes (the columns of ``events.COLUMNS``). The option
+``on_damage`` is ``error`` (the default: damage fails the query, naming file and offset)
+or ``skip`` (one row of kind ``damaged`` per damaged segment, the rest of it skipped).
+The stream reader follows live spools: its offsets are byte offsets of frames per
+segment (log positions), so a query restarted from a checkpoint reads on where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.types import StructType
+
+from spool.analytics.events import (
+    COLUMNS,
+    SCHEMA,
+    SegmentSource,
+    plan_segments,
+    readable_end,
+    segment_rows,
+)
+
+BATCH_ROWS = 8192
+_ARROW_TYPES = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "double": pa.float64(),
+    "int": pa.int32(),
+}
+ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
+ON_DAMAGE = ("error", "skip")
+
+
+class SegmentPartition(InputPartition):
+    """One segment (``events.SegmentSource``): its frames from byte ``start`` to ``stop``
+    (the whole segment by default)."""
+
+    def __init__(self, source: SegmentSource, start: int = 0, stop: int | None = None) -> None:
+        super().__init__(source)
+        self.source = source
+        self.start = start
+        self.stop = stop
+
+
+class SpoolDataSource(DataSource):
+    """``format("spool")``: see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "spool"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def _sources(self) -> list[str]:
+        raw = self.options.get("path") or self.options.get("paths")
+        if not raw:
+            raise ValueError("spool data source: give the spool directories as load(PATH) or path")
+        if raw.startswith("["):  # load([...]) may pass a JSON list
+            return [str(p) for p in json.loads(raw)]
+        return [p for p in raw.split(",") if p.strip()]
+
+    def _on_damage(self) -> str:
+        value = self.options.get("on_damage", "error")
+        if value not in ON_DAMAGE:
+            raise ValueError(
+                f"spool data source: on_damage must be one of {ON_DAMAGE}, not {value!r}"
+            )
+        return str(value)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return SpoolReader(plan_segments(self._sources()), self._on_damage())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return SpoolStreamReader(self._sources(), self._on_damage())
+
+
+class SpoolReader(DataSourceReader):
+    """A batch read: every segment of the sources, as planned on the driver."""
+
+    def __init__(self, plan: list[SegmentSource], on_damage: str) -> None:
+        self.plan = plan
+        self.on_damage = on_damage
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [SegmentPartition(s) for s in self.plan]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentPartition)
+        yield from arrow_batches(partition, self.on_damage)
+
+
+def arrow_batches(partition: SegmentPartition, on_damage: str) -> Iterator[pa.RecordBatch]:
+    """The rows of one partition in Arrow batches of ``BATCH_ROWS``."""
+    rows: list[tuple[Any, ...]] = []
+    for row in segment_rows(
+        partition.source, on_damage=on_damage, start=partition.start, stop=partition.stop
+    ):
+        rows.append(row)
+        if len(rows) == BATCH_ROWS:
+            yield _batch(rows)
+            rows = []
+    if rows:
+        yield _batch(rows)
+
+
+def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, type=field.type) for col, field in zip(columns, ARROW_SCHEMA, strict=True)],
+        schema=ARROW_SCHEMA,
+    )
+
+
+class SpoolStreamReader(DataSourceStreamReader):
+    """Follows live spools. An offset maps ``server|segment`` to the byte offset of the
+    next unread frame: each micro-batch reads the whole frames written since (a segment
+    only grows; a retired one is read on from its archive, under the same number)."""
+
+    def __init__(self, sources: list[str], on_damage: str) -> None:
+        self.sources = sources
+        self.on_damage = on_damage
+
+    def initialOffset(self) -> dict[str, int]:
+        return {}
+
+    def latestOffset(
+        self, start: dict[str, int] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, int]:
+        """Every segment's end of whole frames, looked for from ``start`` on (so a look
+        costs what was written since the last one, not the whole log)."""
+        start = start or {}
+        latest = dict(start)
+        for source in plan_segments(self.sources):
+            key = _key(source)
+            latest[key] = readable_end(source, start.get(key, 0))
+        return latest
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        by_key = {_key(s): s for s in plan_segments(self.sources)}
+        return [
+            SegmentPartition(by_key[key], start.get(key, 0), stop)
+            for key, stop in sorted(end.items())
+            if key in by_key and stop > start.get(key, 0)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentPartition)
+        yield from arrow_batches(partition, self.on_damage)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release: the spool is only read."""
+
+
+def _key(source: SegmentSource) -> str:
+    # The server and the segment number: an archived segment keeps its key.
+    return f"{source.server}|{source.segment}"

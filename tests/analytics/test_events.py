@@ -1,0 +1,122 @@
+"""The log as rows, without Spark: sources, torn tails, damage, archives."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+
+from spool import Spool
+from spool import format as fmt
+from spool.analytics.events import (
+    COLUMNS,
+    NotASpool,
+    parse_source,
+    plan_segments,
+    readable_end,
+    segment_rows,
+)
+from spool.errors import CorruptSpool
+from spool.testing import FakeClock, deliver_all
+
+KIND = [name for name, _ in COLUMNS].index("kind")
+
+
+def _rows(sources: list[str], **options: str) -> list[tuple[object, ...]]:
+    return [row for s in plan_segments(sources) for row in segment_rows(s, **options)]
+
+
+def _spool(root: Path, messages: int = 3) -> list[str]:
+    with Spool.open(root, clock=FakeClock()) as sp:
+        ids = [sp.accept("a@example.org", ["b@example.net"], b"hi %d" % n) for n in range(messages)]
+        deliver_all(sp)
+    return ids
+
+
+def test_a_spool_reads_as_one_row_per_record_and_recipient(tmp_path: Path) -> None:
+    ids = _spool(tmp_path / "mx")
+    rows = _rows([str(tmp_path / "mx")])
+    kinds = collections.Counter(r[KIND] for r in rows)
+    assert kinds == {"accepted": 3, "started": 3, "delivered": 3, "finished": 3}
+    assert {r[4] for r in rows} == set(ids)
+    assert {r[0] for r in rows} == {"mx"}  # the server is the directory's name
+
+
+def test_a_source_may_be_named(tmp_path: Path) -> None:
+    assert parse_source(f"edge1={tmp_path}") == ("edge1", str(tmp_path))
+    assert parse_source(str(tmp_path / "mx")) == ("mx", str(tmp_path / "mx"))
+
+
+def test_paths_that_are_not_spools_are_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(NotASpool, match="no such directory"):
+        plan_segments([str(tmp_path / "missing")])
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("hello")
+    with pytest.raises(NotASpool, match="not a spool directory"):
+        plan_segments([str(tmp_path / "notes")])
+    (tmp_path / "empty").mkdir()
+    assert plan_segments([str(tmp_path / "empty")]) == []  # an empty archive: no rows
+
+
+def test_a_torn_tail_ends_the_rows_quietly(tmp_path: Path) -> None:
+    _spool(tmp_path / "mx")
+    before = _rows([str(tmp_path / "mx")])
+    [seg] = sorted((tmp_path / "mx" / fmt.LOG_DIR).iterdir())
+    with open(seg, "ab") as f:  # half a frame: what a writer leaves mid-write
+        f.write(b"\x01\x02\x03\x04\x40\x00\x00")
+    assert _rows([str(tmp_path / "mx")]) == before
+
+
+def test_damage_names_file_and_offset_or_is_skipped_when_asked(tmp_path: Path) -> None:
+    _spool(tmp_path / "mx", messages=20)
+    with Spool.open(tmp_path / "mx", clock=FakeClock()) as sp:
+        sp.checkpoint()  # the whole log durable: damage in it cannot be a torn tail
+    [seg] = sorted((tmp_path / "mx" / fmt.LOG_DIR).iterdir())
+    data = bytearray(seg.read_bytes())
+    data[fmt.SEGMENT_HEADER_SIZE + 40] ^= 0x10
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptSpool, match=str(seg)):
+        _rows([str(tmp_path / "mx")])
+    rows = _rows([str(tmp_path / "mx")], on_damage="skip")
+    assert [r[KIND] for r in rows] == ["damaged"]
+    assert str(seg) in str(rows[0][10])
+
+
+def test_archived_segments_are_read_with_the_live_log(tmp_path: Path) -> None:
+    root = tmp_path / "mx"
+    with Spool.open(root, clock=FakeClock(), archive_dir="../archive", segment_size=4096) as sp:
+        for n in range(40):
+            sp.accept("a@example.org", ["b@example.net"], b"x" * 300 + b"%d" % n)
+        deliver_all(sp)
+        sp.checkpoint()
+    archived = sorted((tmp_path / "archive").iterdir())
+    assert archived, "the test needs retired segments in the archive"
+    rows = _rows([str(root)])
+    kinds = collections.Counter(r[KIND] for r in rows)
+    assert kinds["accepted"] == kinds["delivered"] == kinds["finished"] == 40
+    # The archive alone is a source too: what it holds, no more.
+    alone = _rows([str(tmp_path / "archive")])
+    assert 0 < len(alone) < len(rows)
+
+
+def test_readable_end_stops_before_a_half_written_frame(tmp_path: Path) -> None:
+    _spool(tmp_path / "mx")
+    [source] = plan_segments([str(tmp_path / "mx")])
+    [seg] = sorted((tmp_path / "mx" / fmt.LOG_DIR).iterdir())
+    size = seg.stat().st_size
+    end = readable_end(source)
+    assert 0 < end <= size
+    with open(seg, "ab") as f:
+        f.write(b"\x01\x02\x03")
+    assert readable_end(source) == end
+    assert readable_end(source, end) == end  # looking on from there finds nothing new
+    assert list(segment_rows(source, start=end)) == []
+
+
+def test_the_core_and_the_command_line_import_no_spark() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, spool, spool.cli; sys.exit('pyspark' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

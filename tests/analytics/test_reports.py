@@ -1,0 +1,177 @@
+"""Every report figure of a simulated fleet against the simulator's own truth."""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from spool.analytics.bounces import classify
+from spool.analytics.pipeline import run_report
+from spool.analytics.reports import accountability
+from spool.analytics.tables import recipients_table
+
+Fleet = tuple[Path, list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def report(spark: Any, fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out, _ = fleet
+    target = tmp_path_factory.mktemp("report") / "out"
+    run_report(spark, [str(out / "mx1"), str(out / "mx2")], str(target))
+    return target
+
+
+def _table(report: Path, name: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(report / "reports" / f"{name}.parquet").to_pylist()
+    return rows
+
+
+def test_the_totals_are_the_truth(report: Path, fleet: Fleet) -> None:
+    _, truth = fleet
+    status = collections.Counter(t["status"] for t in truth)
+    [totals] = _table(report, "totals")
+    assert totals["received"] == len({(t["server"], t["msg_id"]) for t in truth})
+    assert totals["recipients"] == len(truth)
+    for name, key in [
+        ("delivered", "delivered"),
+        ("failed", "bounced"),
+        ("expired", "expired"),
+        ("deleted", "deleted"),
+        ("queued", "queued"),
+    ]:
+        assert totals[key] == status[name], key
+    messages = {(t["server"], t["msg_id"]): t["size"] for t in truth}
+    assert totals["bytes"] == sum(messages.values())
+    assert totals["senders"] == len({t["sender"] for t in truth})
+    assert totals["recipient_domains"] == len({t["domain"] for t in truth})
+    # The simulator defers: every attempt it did not end (expiry needs no attempt).
+    ended = {"delivered", "failed"}
+    deferrals = sum(t["attempts"] - (t["status"] in ended) for t in truth)
+    assert totals["deferrals"] == deferrals
+    assert totals["violations"] == 0
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["delivered"] == status["delivered"]
+    assert summary["accountability_violations"] == []
+
+
+def test_per_domain_figures_are_the_truth(report: Path, fleet: Fleet) -> None:
+    _, truth = fleet
+    rows = {r["recipient_domain"]: r for r in _table(report, "per_domain")}
+    for domain in {t["domain"] for t in truth}:
+        mine = [t for t in truth if t["domain"] == domain]
+        count = collections.Counter(t["status"] for t in mine)
+        row = rows[domain]
+        assert row["recipients"] == len(mine)
+        assert row["delivered"] == count["delivered"]
+        assert row["bounced"] == count["failed"]
+        assert row["expired"] == count["expired"]
+        assert row["queued"] == count["queued"]
+        delays = [t["final_at"] - t["accepted_at"] for t in mine if t["status"] == "delivered"]
+        if delays:
+            assert row["delay_max"] == max(delays)
+            assert row["delay_p50"] == pytest.approx(statistics.median(delays))
+    assert rows["blackhole.example"]["delivered"] == 0
+    assert rows["fast.example"]["bounced"] == 0
+
+
+def test_attempts_and_queue_depth_are_the_truth(report: Path, fleet: Fleet) -> None:
+    _, truth = fleet
+    attempts = {r["attempts"]: r["recipients"] for r in _table(report, "attempts_per_recipient")}
+    assert attempts == dict(collections.Counter(t["attempts"] for t in truth))
+    depth = _table(report, "queue_depth")
+    for server in ("mx1", "mx2"):
+        last = [r for r in depth if r["server"] == server][-1]
+        queued = sum(1 for t in truth if t["server"] == server and t["status"] == "queued")
+        assert last["queued"] == queued
+
+
+def test_bounce_classes_follow_the_domains(report: Path, fleet: Fleet) -> None:
+    _, truth = fleet
+    classes = {r["bounce_class"]: r for r in _table(report, "bounce_classes")}
+    status = collections.Counter((t["domain"], t["status"]) for t in truth)
+    assert classes["invalid recipient"]["failures"] == status[("strict.example", "failed")]
+    assert classes["spam content"]["failures"] == status[("spamcheck.example", "failed")]
+    expired = sum(n for (_, s), n in status.items() if s == "expired")
+    assert classes["message expired"]["failures"] == expired
+    assert classes["no answer from host"]["deferrals"] > 0
+    assert classes["policy"]["deferrals"] > 0  # greylisting
+
+
+def test_reasons_read_the_same_across_messages(report: Path) -> None:
+    reasons = _table(report, "reasons")
+    unknown = [r for r in reasons if r["enhanced_status"] == "5.1.1"]
+    assert len(unknown) == 1  # one reason, whatever the addresses in the replies
+    assert unknown[0]["reason"] == "<address>: Recipient address rejected: User unknown"
+    spam = [r for r in reasons if r["bounce_class"] == "spam content"]
+    assert [r["reason"] for r in spam] == ["Message # rejected as spam"]
+
+
+def test_the_page_ties_the_reports_and_plots_together(report: Path) -> None:
+    page = (report / "index.html").read_text()
+    for name in ("totals", "per_domain", "queue_depth", "accountability"):
+        assert f"reports/{name}.parquet" in page
+        assert (report / "reports" / f"{name}.parquet").exists()
+    for plot in ("traffic_per_hour", "queue_depth", "delay_distribution"):
+        assert (report / "plots" / f"{plot}.png").stat().st_size > 1000
+        assert f"plots/{plot}.png" in page
+    assert "every accepted recipient has exactly one final outcome" in page
+    assert list((report / "tables" / "events").glob("server=mx1/day=*/*.parquet"))
+    assert list((report / "tables" / "recipients").glob("server=mx2/day=*/*.parquet"))
+
+
+def test_accountability_lists_a_recipient_delivered_twice(spark: Any) -> None:
+    # The spool never writes this (its contract); the check must still see it if it did.
+    columns = "server string, msg_id string, kind string, recipient string, time timestamp, "
+    columns += "sender string, sender_domain string, recipient_domain string, body_size long, "
+    columns += "status string, reply string, segment long, offset long, in_attempt double"
+    at = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    ok = "250 ok"
+    rows = [
+        ("mx", "M1", "accepted", "b@x", at, "a@y", "y", "x", 10, None, None, 1, 10, None),
+        ("mx", "M1", "delivered", "b@x", at, None, None, "x", 10, "delivered", ok, 1, 20, 0.0),
+        ("mx", "M1", "delivered", "b@x", at, None, None, "x", 10, "delivered", ok, 1, 30, 0.0),
+        ("mx", "M2", "accepted", "c@x", at, "a@y", "y", "x", 10, None, None, 1, 40, None),
+    ]
+    events = spark.createDataFrame(rows, columns)
+    found = accountability(events, recipients_table(events)).collect()
+    assert [(r.msg_id, r.recipient, r.finals) for r in found] == [("M1", "b@x", 2)]
+
+
+@pytest.mark.parametrize(
+    ("status", "reply", "expected"),
+    [
+        ("5.1.1", "550 5.1.1 <x@y>: User unknown", "invalid recipient"),
+        (
+            "5.7.1",
+            "550 5.7.1 Service unavailable; client host blocked using Spamhaus",
+            "spam block",
+        ),
+        ("5.2.2", "552 5.2.2 Mailbox full", "quota"),
+        ("4.4.1", "451 4.4.1 no answer from host", "no answer from host"),
+        ("5.4.7", "554 5.4.7 message expired: too long in the queue", "message expired"),
+        ("5.7.26", "550 5.7.26 Unauthenticated email is not accepted (DMARC)", "authentication"),
+        (None, "550 Host not found", "dns failure"),
+        ("5.0.0", "550 5.0.0 something else", "uncategorised"),
+    ],
+)
+def test_the_bounce_rules_classify_what_providers_say(
+    status: str | None, reply: str, expected: str
+) -> None:
+    assert classify(status, reply) == expected
+
+
+def test_an_empty_spool_reports_zeros(spark: Any, tmp_path: Path) -> None:
+    from spool import Spool
+
+    Spool.open(tmp_path / "empty").close()
+    summary = run_report(spark, [str(tmp_path / "empty")], str(tmp_path / "r"))
+    assert summary["received"] == summary["delivered"] == summary["deferrals"] == 0
+    assert summary["bytes"] == 0 and summary["accountability_violations"] == []
+    assert (tmp_path / "r" / "index.html").is_file()
