@@ -114,6 +114,9 @@ def emit_json(obj: Any) -> None:
 # --- plumbing ------------------------------------------------------------------------
 
 
+SIGPIPE_EXIT = 128 + 13  # the status of a command that SIGPIPE ended
+
+
 class Failure(Exception):
     """An expected failure: print one line, exit 1."""
 
@@ -129,6 +132,14 @@ def handle_errors(func: F) -> F:
         ctx = click.get_current_context()
         try:
             return func(*args, **kwargs)
+        except BrokenPipeError:
+            # The reader went away (`spool dump DIR | head`): stop quietly, as a command
+            # killed by SIGPIPE does. Standard output points at /dev/null from here, so
+            # that flushing it at exit raises nothing more.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            ctx.exit(SIGPIPE_EXIT)
         except (SpoolError, Failure, OSError, KeyError, ValueError) as exc:
             if ctx.find_root().params.get("debug"):
                 raise

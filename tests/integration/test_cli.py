@@ -395,3 +395,22 @@ def test_disk_use_counts_body_files_not_yet_moved_out_of_incoming(spool_dir: str
         sp.accept("a@example.org", ["b@example.net"], b"x" * 5000)
         assert os.listdir(os.path.join(spool_dir, "incoming"))
         assert disk_use(spool_dir)["bodies"] >= 5000
+
+
+@pytest.mark.parametrize("command", ["dump", "list"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, command: str) -> None:
+    # `spool dump DIR | head`: before, "spool: [Errno 32] Broken pipe" and exit 1.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        for n in range(1500):
+            sp.accept("alice@example.org", [f"r{n}@example.net"], b"hello %d" % n)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spool.cli", command, str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # as `head -1` does
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141 and err == b""
