@@ -157,8 +157,14 @@ def segment_rows(
     frames from byte ``start`` (a frame boundary) to ``stop`` (the end of the segment if
     None)."""
     fs = fs or FileSystem()
+    path = os.path.join(source.log_dir, fmt.segment_name(source.segment))
+    if stop is None:
+        try:
+            stop = fs.file_size(path)  # what is there now: the end, asked once, not per frame
+        except FileNotFoundError:
+            return  # deleted since it was planned (a live spool's garbage collection)
     cursor = _cursor(fs, source, start)
-    end = Position(source.segment, stop) if stop is not None else Position(source.segment + 1, 0)
+    end = Position(source.segment, stop)
     try:
         while True:
             try:
@@ -168,9 +174,7 @@ def segment_rows(
                 pos, frame = item
                 if not isinstance(frame, Frame) or frame.type in (fmt.T_BODY, fmt.T_PAD):
                     continue  # a body stepped over, or padding
-                record = rec.decode_stored(
-                    frame.type, frame.payload, cursor.path(pos.segment), pos.offset
-                )
+                record = rec.decode_stored(frame.type, frame.payload, path, pos.offset)
             except CorruptSpool as exc:
                 if on_damage != "skip":
                     raise
