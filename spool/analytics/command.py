@@ -4,8 +4,13 @@ the command runs, so the CLI works without the analytics extra)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import os
+import shutil
+import signal
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from spool.analytics.events import plan_segments
 from spool.analytics.pipeline import run_report
@@ -41,10 +46,29 @@ def run_command(
     plan_segments(sources)  # a bad path fails before Spark starts
     say = progress or (lambda _: None)
     say(f"starting Spark ({master or 'local[*]'})")
-    spark = spark_session(master, verbose=verbose)
+    if not verbose:
+        # py4j logs the tracebacks of an interrupted call on the root logger.
+        logging.getLogger().setLevel(logging.CRITICAL)
     try:
-        return run_report(
+        spark = spark_session(master, verbose=verbose)
+        # PySpark's own SIGINT handler cancels jobs through the gateway from inside a call
+        # on it (reentrant: a page of tracebacks); Ctrl-C just interrupts here instead.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        summary = run_report(
             spark, sources, out, since=start, until=end, on_damage=on_damage, progress=say
         )
-    finally:
-        spark.stop()
+    except KeyboardInterrupt:
+        interrupted(out)
+    spark.stop()
+    return summary
+
+
+def interrupted(out: str) -> NoReturn:
+    """Ctrl-C: leave the previous report as it was, say so in one line, and exit at once
+    (130). The JVM ends by itself when its parent's end closes its standard input; a
+    normal exit would first try to stop it through the interrupted gateway."""
+    shutil.rmtree(out.rstrip(os.sep) + ".partial", ignore_errors=True)
+    sys.stdout.flush()
+    sys.stderr.write(f"spool: interrupted; {out} is as it was\n")
+    sys.stderr.flush()
+    os._exit(130)

@@ -46,3 +46,37 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
     proc = _spool("report", str(tmp_path), "--out", str(tmp_path / "r"), "--since", "yesterday")
     assert proc.returncode == 1 and "--since 'yesterday'" in proc.stderr
     assert (tmp_path / "r" / "keep").read_text() == "mine"
+
+
+def test_ctrl_c_stops_the_report_in_one_line_and_keeps_the_previous_one(
+    fleet: tuple[Path, Any], tmp_path: Path
+) -> None:
+    import signal
+
+    out, _ = fleet
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "index.html").write_text("the previous report")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "spool.cli",
+            "report",
+            str(out / "mx1"),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # Spark is up and reading: interrupt it there
+        if line.startswith("report: reading"):
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130
+    assert rest.strip() == f"spool: interrupted; {tmp_path / 'r'} is as it was", rest
+    assert (tmp_path / "r" / "index.html").read_text() == "the previous report"
+    assert not (tmp_path / "r.partial").exists()
