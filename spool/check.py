@@ -82,6 +82,7 @@ from spool.damage import (
     Verdict,
     id_near,
     replacement,
+    same_id,
     scan_segment,
     whole_ids,
 )
@@ -309,7 +310,9 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
                 item = _with_kept_record(fs, path, item)
             walk.step(Position(seg, offset), item)
             if isinstance(item, Region):
-                (markers if item.marker else regions).append(item)
+                # The walk's own copy: it may have named the message a region belongs to
+                # (``Assessment._owned_replacement``), which the repair's marker must carry.
+                (markers if item.marker else regions).append(walk.regions[-1])
         if progress is not None:
             progress(1)
     if markers:
@@ -472,16 +475,16 @@ def _envelopes_lost_with_files(
     for region in regions:
         # A damaged envelope that still decodes, but under an id the damage changed (into
         # one that never existed, or that of another message): its body file is not the
-        # one it names. An unnamed body file within four characters of that id and of the
-        # size the record gives is its message's.
+        # one it names. An unnamed body file within two characters of that id (or a burst),
+        # or within four and of the size the record gives, is its message's.
         env = region.record
         if not isinstance(env, rec.Envelope) or env.body.kind != rec.BODY_FILE:
             continue
         if env.msg_id in unnamed_files:
             continue
         for msg_id in [m for m in wanted if _differences(m, env.msg_id) <= 4]:
-            if body_size(msg_id) != env.body.size:
-                continue
+            if not same_id(env.msg_id, msg_id) and body_size(msg_id) != env.body.size:
+                continue  # three or four characters apart: the size must agree too
             detail = f"its damaged envelope reads as {env.msg_id}; body file kept in corrupt/"
             found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
             wanted.remove(msg_id)
@@ -489,7 +492,8 @@ def _envelopes_lost_with_files(
         if not wanted:
             break
         raw = region_bytes(region)
-        for msg_id in [m for m in wanted if id_near(raw, m, seen)]:
+        own = whole_ids(raw) & seen  # messages whose own records are in the damage
+        for msg_id in [m for m in wanted if id_near(raw, m, own)]:
             detail = "sender and recipients unknown; its body file is kept in corrupt/"
             found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
             wanted.remove(msg_id)
@@ -509,9 +513,12 @@ def _messages_lost_whole(
     ``corrupt/``). A message accepted and settled within that damage is named too: a
     false alarm an operator can dismiss from the copy, never a silent loss."""
     known = {a.msg_id for a in affected}
+    plausible = _plausible_id(seen)
     found = []
     for region in regions:
         for msg_id in sorted(whole_ids(region_bytes(region)) - seen - known):
+            if not plausible(msg_id):
+                continue
             detail = (
                 "every record of it was in the damage: sender, recipients and body are only "
                 "in the copy in corrupt/"
@@ -537,6 +544,23 @@ def _differences(a: str, b: str) -> int:
     return sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
 
 
+# An id's first eight digits are its accept second: one found in damaged bytes is taken for
+# a message's only if that second lies within a week of the ids the log names intact.
+ID_SECONDS_SLACK = 7 * 86400
+
+
+def _plausible_id(seen: set[str]) -> Callable[[str], bool]:
+    seconds = [int(m[:8], 16) for m in seen if len(m) == 16 and _is_hex(m)]
+    if not seconds:
+        return lambda _: True
+    lo, hi = min(seconds) - ID_SECONDS_SLACK, max(seconds) + ID_SECONDS_SLACK
+    return lambda msg_id: lo <= int(msg_id[:8], 16) <= hi
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789ABCDEF" for c in text)
+
+
 def _region_bytes(fs: FileSystem, log_dir: str) -> Callable[[Region], bytes]:
     """Reads a region's bytes from its segment (the last segment read is kept)."""
     cache: dict[int, bytes] = {}
@@ -548,7 +572,9 @@ def _region_bytes(fs: FileSystem, log_dir: str) -> Callable[[Region], bytes]:
                 cache[region.segment] = read_file(fs, _segment_path(log_dir, region.segment))
             except FileNotFoundError:
                 cache[region.segment] = b""
-        return cache[region.segment][region.start : region.end]
+        # The body a region is known to start with is a message's data, not records: an
+        # id-like text in it says nothing (a body may hold any text).
+        return cache[region.segment][region.start + region.body_bytes : region.end]
 
     return read
 

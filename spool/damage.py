@@ -415,21 +415,24 @@ ID_LENGTH = 16
 _ID_PIECES = ((0, 5), (5, 10), (10, 16))
 
 
-# A message id as a record holds it, whole: CBOR text of 16 (0x70), upper-case hex.
-_WHOLE_ID = re.compile(rb"\x70([0-9A-F]{16})")
+# A message id as a record holds it, whole: CBOR text of 16 (0x70), upper-case hex; or as
+# a BODY frame starts its payload: right after the frame's type byte.
+_WHOLE_ID = re.compile(rb"[\x70\x%02x]([0-9A-F]{16})" % fmt.T_BODY)
 
 
 def whole_ids(raw: bytes) -> set[str]:
-    """The message ids that damaged bytes still hold whole (length byte and all)."""
+    """The message ids that damaged bytes still hold whole (with the byte before them that
+    a record or a BODY frame puts there)."""
     return {m.group(1).decode("ascii") for m in _WHOLE_ID.finditer(raw)}
 
 
 def id_near(raw: bytes, msg_id: str, others: Container[str] = ()) -> bool:
     """Whether damaged bytes ``raw`` hold ``msg_id``, or its text with at most two
-    characters wrong (``same_id``) that is not the whole id of one of ``others`` (messages
-    the log names intact: ids of one second differ in a character or two, so the intact
-    id of a neighbour must not count). So that a message whose envelope was in the damage,
-    and whose body file no live message names, is named, not taken for an orphan.
+    characters wrong (``same_id``) that is not one of ``others`` (the ids the bytes hold
+    whole of messages the log names intact: their own records in the damage; ids of one
+    second differ in a character or two, so a neighbour's own id must not count). So that
+    a message whose envelope was in the damage, and whose body file no live message names,
+    is named, not taken for an orphan.
 
     Looked for by the id's pieces (whatever the bytes around it, the CBOR length byte before
     it included: flipped, that byte once hid the id), each found at C speed, so the cost is
@@ -750,6 +753,7 @@ class Assessment:
         self.previous = (pos, item)
 
     def _region(self, pos: Position, region: Region) -> None:
+        region = self._owned_replacement(region)
         self.regions.append(region)
         for state in self.live.values():
             if state.envelope_at in region.sup:
@@ -795,12 +799,32 @@ class Assessment:
         # recovery would decide the attempt without the hold or delete it asked for.
         wanted = {_START: False, _DELTA: True, _CONTROL: True}.get(region.lost)
         if target is not None and wanted is not None and target.started == wanted:
-            self.suspects.setdefault(region.lost_target, region)
+            # The record failed its check, its id too may be damaged: ids of one second
+            # differ in a character or two (one bit, often), so every message in the same
+            # state with an id that close may be the one it belonged to.
+            for msg_id, state in self.live.items():
+                if state.started == wanted and same_id(region.lost_target, msg_id):
+                    self.suspects.setdefault(msg_id, region)
         else:
             # Unknown records: a start or a delivered delta of any message live here may
             # have been among them; attempting it again could deliver twice.
             for msg_id in self.live:
                 self.suspects.setdefault(msg_id, region)
+
+    def _owned_replacement(self, region: Region) -> Region:
+        """A damaged replacement envelope that still decodes names, in ``supersedes``, the
+        envelope it replaced: when a live message stands on that envelope, the record is
+        that message's, whatever id the damage left in it (ids of one second differ in a
+        character or two). It counts as that message's lost envelope; as its content is
+        not the message's own (the id is wrong), it is not restored: recovery finishes a
+        message in flight from it (R5), and names it."""
+        env = region.record
+        if region.lost != _ENVELOPE or not isinstance(env, rec.Envelope) or not env.supersedes:
+            return region
+        owner = next((m for m, st in self.live.items() if st.envelope_at == env.supersedes), None)
+        if owner is None or owner == env.msg_id:
+            return region
+        return attrs.evolve(region, lost_target=owner)
 
     def _body(self, pos: Position, frame: Frame) -> None:
         if self.previous is not None and isinstance(self.previous[1], Region):
