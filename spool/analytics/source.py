@@ -6,7 +6,8 @@
 
 ``path`` is a comma-separated list of sources, each a spool directory or an archive
 directory, optionally named (``NAME=PATH``; the server name defaults to the directory's
-name). One partition per segment; each yields Arrow record batches of the rows
+name). One partition per segment (small segments packed together up to 32 MiB); each
+yields Arrow record batches of the rows
 ``events.segment_rows`` decodes (the columns of ``events.COLUMNS``). The option
 ``on_damage`` is ``error`` (the default: damage fails the query, naming file and offset)
 or ``skip`` (one row of kind ``damaged`` per damaged segment, the rest of it skipped).
@@ -17,6 +18,7 @@ segment (log positions), so a query restarted from a checkpoint reads on where i
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,6 +32,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
+from spool import format as fmt
 from spool.analytics.events import (
     COLUMNS,
     SCHEMA,
@@ -51,14 +54,41 @@ ON_DAMAGE = ("error", "skip")
 
 
 class SegmentPartition(InputPartition):
-    """One segment (``events.SegmentSource``): its frames from byte ``start`` to ``stop``
-    (the whole segment by default)."""
+    """Segments to read in one task (``events.SegmentSource``): the frames of each from
+    byte ``start`` to ``stop`` (whole segments by default; a stream reads a slice of one)."""
 
-    def __init__(self, source: SegmentSource, start: int = 0, stop: int | None = None) -> None:
-        super().__init__(source)
-        self.source = source
+    def __init__(
+        self, sources: list[SegmentSource], start: int = 0, stop: int | None = None
+    ) -> None:
+        super().__init__([(s.server, s.segment) for s in sources])
+        self.sources = sources
         self.start = start
         self.stop = stop
+
+
+# Segments are read one partition each, small ones packed together up to this size: a
+# Spark task costs tens of milliseconds, a whole 64 MiB segment (the default) seconds.
+PARTITION_BYTES = 32 * 1024 * 1024
+
+
+def pack(plan: list[SegmentSource]) -> list[SegmentPartition]:
+    """``plan`` in partitions: consecutive segments up to ``PARTITION_BYTES`` of files."""
+    parts: list[SegmentPartition] = []
+    group: list[SegmentSource] = []
+    size = 0
+    for source in plan:
+        try:
+            length = os.path.getsize(os.path.join(source.log_dir, fmt.segment_name(source.segment)))
+        except OSError:
+            length = 0
+        if group and size + length > PARTITION_BYTES:
+            parts.append(SegmentPartition(group))
+            group, size = [], 0
+        group.append(source)
+        size += length
+    if group:
+        parts.append(SegmentPartition(group))
+    return parts
 
 
 class SpoolDataSource(DataSource):
@@ -102,7 +132,7 @@ class SpoolReader(DataSourceReader):
         self.on_damage = on_damage
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [SegmentPartition(s) for s in self.plan]
+        return pack(self.plan)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SegmentPartition)
@@ -112,13 +142,14 @@ class SpoolReader(DataSourceReader):
 def arrow_batches(partition: SegmentPartition, on_damage: str) -> Iterator[pa.RecordBatch]:
     """The rows of one partition in Arrow batches of ``BATCH_ROWS``."""
     rows: list[tuple[Any, ...]] = []
-    for row in segment_rows(
-        partition.source, on_damage=on_damage, start=partition.start, stop=partition.stop
-    ):
-        rows.append(row)
-        if len(rows) == BATCH_ROWS:
-            yield _batch(rows)
-            rows = []
+    for source in partition.sources:
+        for row in segment_rows(
+            source, on_damage=on_damage, start=partition.start, stop=partition.stop
+        ):
+            rows.append(row)
+            if len(rows) == BATCH_ROWS:
+                yield _batch(rows)
+                rows = []
     if rows:
         yield _batch(rows)
 
@@ -158,7 +189,7 @@ class SpoolStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         by_key = {_key(s): s for s in plan_segments(self.sources)}
         return [
-            SegmentPartition(by_key[key], start.get(key, 0), stop)
+            SegmentPartition([by_key[key]], start.get(key, 0), stop)
             for key, stop in sorted(end.items())
             if key in by_key and stop > start.get(key, 0)
         ]

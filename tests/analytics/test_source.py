@@ -7,6 +7,7 @@ from typing import Any
 
 from spool import Spool
 from spool.analytics.events import plan_segments, segment_rows
+from spool.analytics.source import PARTITION_BYTES, pack
 from spool.testing import FakeClock, deliver_all
 
 
@@ -15,8 +16,18 @@ def test_spark_reads_what_the_plain_decoder_reads(spark: Any, fleet: tuple[Path,
     sources = [str(out / "mx1"), str(out / "mx2")]
     plain = sorted(tuple(row) for s in plan_segments(sources) for row in segment_rows(s))
     df = spark.read.format("spool").load(",".join(sources))
-    assert df.rdd.getNumPartitions() == len(plan_segments(sources))  # one per segment
+    assert df.rdd.getNumPartitions() == len(pack(plan_segments(sources)))
     assert sorted(tuple(r) for r in df.collect()) == plain
+
+
+def test_small_segments_are_packed_into_partitions(fleet: tuple[Path, Any]) -> None:
+    out, _ = fleet
+    plan = plan_segments([str(out / "mx1")])
+    parts = pack(plan)
+    assert [s for p in parts for s in p.sources] == plan  # each once, in order
+    assert 1 <= len(parts) < len(plan)  # the simulator's segments are small
+    big = [s for s in plan if s.segment == plan[0].segment]
+    assert len(pack(big * 3)) == 1 and PARTITION_BYTES > 3 * 256 * 1024
 
 
 def test_a_temporary_view_over_a_spool(spark: Any, fleet: tuple[Path, Any]) -> None:
