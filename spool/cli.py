@@ -1016,9 +1016,11 @@ def report(
         verbose=verbose,
         progress=lambda line: click.echo(f"report: {line}", err=True),
     )
+    for line in summary["damaged_segments"]:
+        click.echo(f"spool: damaged, skipped: {line}", err=True)
     if as_json:
         emit_json(summary)
-        return
+        sys.exit(1 if summary["damaged_segments"] else 0)
     click.echo(
         "received {received} messages ({recipients} recipients) on {servers} server(s): "
         "delivered {delivered}, bounced {bounced}, expired {expired}, deleted {deleted}, "
@@ -1033,6 +1035,8 @@ def report(
     for line in violations[:20]:
         click.echo(f"  {line}")
     click.echo(f"report: {os.path.join(out, 'index.html')}")
+    if summary["damaged_segments"]:
+        sys.exit(1)  # written, but without the damaged segments' records: as `spool check`
 
 
 if __name__ == "__main__":

@@ -154,6 +154,22 @@ class PeerRefused(SpoolError):
     Run the command as the spool's owner (or root)."""
 
 
+class NotASpool(SpoolError):
+    """``spool report``: a source is neither a spool directory nor an archive of segments,
+    or is given twice (the same directory, a spool with its own archive, one server name
+    for two directories). Name each spool once (its archive is read with it)."""
+
+
+class ReportRefused(SpoolError):
+    """``spool report``: the output directory is not one a report may replace (it holds
+    other files, or a source). Name a new directory or an earlier report's."""
+
+
+class ReportFailed(SpoolError):
+    """``spool report``: a Spark task failed (the spool error it raised is in the message:
+    damage names file and offset; ``--on-damage skip`` reads past it)."""
+
+
 def remote_error(name: str, message: str) -> SpoolError:
     """The error an owner reported over the control socket, as this process's own type
     (``ProtocolError`` for a name this module does not define)."""

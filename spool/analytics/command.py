@@ -6,15 +6,17 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from spool.analytics.events import plan_segments
-from spool.analytics.pipeline import run_report
+from spool.analytics.events import parse_source, plan_segments
+from spool.analytics.pipeline import check_output, run_report
 from spool.analytics.session import spark_session
+from spool.errors import ReportFailed
 
 
 def parse_time(text: str | None, name: str) -> dt.datetime | None:
@@ -43,7 +45,10 @@ def run_command(
 ) -> dict[str, Any]:
     """Check the arguments, start Spark, run the report; the summary."""
     start, end = parse_time(since, "since"), parse_time(until, "until")
-    plan_segments(sources)  # a bad path fails before Spark starts
+    if start is not None and end is not None and start >= end:
+        raise ValueError(f"--since {since} is not before --until {until}: an empty window")
+    plan = plan_segments(sources)  # a bad path fails before Spark starts
+    check_output(out, [s.log_dir for s in plan] + [parse_source(t)[1] for t in sources])
     say = progress or (lambda _: None)
     say(f"starting Spark ({master or 'local[*]'})")
     if not verbose:
@@ -59,8 +64,25 @@ def run_command(
         )
     except KeyboardInterrupt:
         interrupted(out)
+    except Exception as exc:
+        raised = spool_error_in(exc)
+        if raised is None:
+            raise
+        spark.stop()
+        raise ReportFailed(raised) from None
     spark.stop()
     return summary
+
+
+# What a Spark task's traceback says of the spool error it raised (its last line).
+_SPOOL_ERROR = re.compile(r"^spool\.errors\.\w+: (.+)$", re.MULTILINE)
+
+
+def spool_error_in(exc: Exception) -> str | None:
+    """The message of the spool error behind a failed Spark job (a worker's exception
+    reaches the driver as text in a PythonException), or None if it was something else."""
+    found = _SPOOL_ERROR.findall(str(exc))
+    return found[-1] if found else None
 
 
 def interrupted(out: str) -> NoReturn:

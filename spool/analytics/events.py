@@ -24,7 +24,7 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.errors import CorruptSpool, SpoolError
+from spool.errors import CorruptSpool, NotASpool
 from spool.framing import Frame
 from spool.fs import FileSystem
 from spool.options import archive_path, load_settings, resolve_options
@@ -57,11 +57,6 @@ COLUMNS: Final = (
 SCHEMA: Final = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
 
 
-class NotASpool(SpoolError):
-    """A path given to the analytics is neither a spool directory nor an archive of
-    segments. Name a directory made by ``spool`` (it has ``log/``) or its archive_dir."""
-
-
 @attrs.frozen
 class SegmentSource:
     """One segment to read: picklable, so it can travel to a Spark executor."""
@@ -91,20 +86,42 @@ def plan_segments(sources: list[str], fs: FileSystem | None = None) -> list[Segm
     """
     fs = fs or FileSystem()
     plan: list[SegmentSource] = []
+    names: dict[str, str] = {}
+    read: dict[str, str] = {}  # directory of segments -> the source it was read for
     for text in sources:
         server, path = parse_source(text)
-        if not os.path.isdir(path):
+        if not os.path.exists(path):
             raise NotASpool(f"{path}: no such directory (give a spool directory or its archive)")
+        if not os.path.isdir(path):
+            raise NotASpool(f"{path}: not a directory (give a spool directory or its archive)")
+        if names.setdefault(server, path) != path:
+            raise NotASpool(
+                f"server name {server!r} given to two directories ({names[server]} and "
+                f"{path}): name them apart (NAME=DIR)"
+            )
         log_dir = os.path.join(path, fmt.LOG_DIR)
         if os.path.isdir(log_dir):
-            plan.extend(_spool_segments(fs, server, path, log_dir))
-        elif _segment_numbers(path) or not os.listdir(path):
-            plan.extend(_archived(server, path, _segment_numbers(path), below=None))
+            found = _spool_segments(fs, server, path, log_dir)
+        elif _segment_numbers(path):
+            found = _archived(server, path, _segment_numbers(path), below=None)
+        elif not os.listdir(path):
+            raise NotASpool(
+                f"{path}: an empty directory, neither a spool nor an archive with segments "
+                "(an unmounted file system?)"
+            )
         else:
             raise NotASpool(
                 f"{path}: not a spool directory (no {fmt.LOG_DIR}/) nor an archive of "
                 f"segments (no *{fmt.SEGMENT_SUFFIX} files)"
             )
+        for directory in {os.path.realpath(s.log_dir) for s in found}:
+            if directory in read:
+                raise NotASpool(
+                    f"{text}: its segments in {directory} are read already for "
+                    f"{read[directory]} (a spool is read with its archive): give each once"
+                )
+            read[directory] = text
+        plan.extend(found)
     return plan
 
 

@@ -28,6 +28,15 @@ def write_page(
     """Write the page to ``path``."""
     parts = ["<!doctype html><meta charset=utf-8><title>spool report</title>"]
     parts.append(f"<style>{STYLE}</style><h1>spool report</h1>")
+    since, until = summary.get("window") or (None, None)
+    span = f"from {since or 'the oldest record'} to {until or 'the newest'}"
+    parts.append(
+        f"<p>Sources: {html.escape(', '.join(summary.get('sources') or []))}; records {span} "
+        f"(figures of recipients: those accepted in that window; of events: those in it). "
+        f"Generated {html.escape(str(summary.get('generated_at', '')))}. Times are UTC; "
+        "delays and durations in seconds; <i>holds</i> counts messages held at least once; "
+        "bounce-class failures include expired recipients.</p>"
+    )
     violations = summary.get("accountability_violations") or []
     verdict = (
         f'<p class="bad">accountability: {len(violations)} recipient(s) with more than one '

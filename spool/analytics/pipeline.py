@@ -24,11 +24,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spool.analytics.events import plan_segments
+from spool.analytics.events import parse_source, plan_segments
 from spool.analytics.page import write_page
 from spool.analytics.plots import write_plots
 from spool.analytics.reports import REPORTS
 from spool.analytics.tables import events_table, recipients_table
+from spool.errors import ReportRefused
 
 Progress = Callable[[str], None]
 
@@ -49,6 +50,7 @@ def run_report(
 ) -> dict[str, Any]:
     """Read ``sources``, write everything under ``out``; return the headline figures."""
     plan = plan_segments(sources)  # NotASpool here, before Spark starts any work
+    check_output(out, [s.log_dir for s in plan] + [parse_source(t)[1] for t in sources])
     servers = sorted({s.server for s in plan})
     progress(f"reading {len(plan)} segment(s) of {len(servers)} server(s): {', '.join(servers)}")
     raw = spark.read.format("spool").option("on_damage", on_damage).load(",".join(sources))
@@ -62,6 +64,29 @@ def run_report(
     staging = out.rstrip(os.sep) + ".partial"
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(os.path.join(staging, "reports"))
+    try:
+        window = (since.isoformat() if since else None, until.isoformat() if until else None)
+        summary = _write_all(events, recipients, raw, staging, progress, sources, window)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a failed run leaves the previous report
+        raise
+    finally:
+        events.unpersist()
+        recipients.unpersist()
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staging, out)
+    return summary
+
+
+def _write_all(
+    events: DataFrame,
+    recipients: DataFrame,
+    raw: DataFrame,
+    staging: str,
+    progress: Progress,
+    sources: list[str],
+    window: tuple[str | None, str | None],
+) -> dict[str, Any]:
     progress("writing the events table")
     _write_table(events, os.path.join(staging, "tables", "events"))
     progress("writing the recipients table")
@@ -74,16 +99,40 @@ def run_report(
         _write_small(rows, os.path.join(staging, "reports", f"{name}.parquet"))
     damaged = raw.where(F.col("kind") == "damaged").select("server", "reply").collect()
     summary = _summary(results, [f"{r['server']}: {r['reply']}" for r in damaged])
+    summary["sources"] = sources
+    summary["window"] = [window[0], window[1]]
+    summary["generated_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     progress("plots and the page")
     plots = write_plots(results, os.path.join(staging, "plots"))
     write_page(results, summary, plots, os.path.join(staging, "index.html"))
     with open(os.path.join(staging, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
-    events.unpersist()
-    recipients.unpersist()
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(staging, out)
     return summary
+
+
+REPORT_ENTRIES = frozenset({"index.html", "summary.json", "plots", "reports", "tables"})
+
+
+def check_output(out: str, sources: list[str]) -> None:
+    """Refuse an output directory a report must not replace: the current directory or one
+    above it, one holding or inside a source, or one with anything but an earlier report.
+    (The report replaces its output directory whole.)"""
+    target = os.path.realpath(out)
+    here = os.path.realpath(os.getcwd())
+    if here == target or here.startswith(target + os.sep):
+        raise ReportRefused(f"--out {out} is the current directory or above it: name a new one")
+    for source in sources:
+        src = os.path.realpath(source)
+        if src == target or src.startswith(target + os.sep) or target.startswith(src + os.sep):
+            raise ReportRefused(f"--out {out} holds or lies inside the source {source}")
+    if os.path.isdir(target):
+        entries = set(os.listdir(target))
+        if entries and not ({"index.html", "summary.json"} <= entries <= REPORT_ENTRIES):
+            raise ReportRefused(
+                f"--out {out} holds files that are not a report's ({', '.join(sorted(entries)[:3])}"
+                f"{', ...' if len(entries) > 3 else ''}): a report replaces its directory "
+                "whole, so name a new one or an earlier report's"
+            )
 
 
 def _write_table(df: DataFrame, path: str) -> None:

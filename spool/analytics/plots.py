@@ -36,9 +36,16 @@ def write_plots(results: dict[str, Rows], directory: str) -> dict[str, str]:
 
 def _traffic(ax: Any, rows: Rows) -> None:
     hours = [r["hour"] for r in rows]
-    for key in ("received", "delivered", "deferred", "bounced", "expired"):
-        ax.plot(hours, [r[key] for r in rows], label=key)
-    ax.set_title("traffic per hour")
+    labels = {
+        "received": "messages received",
+        "delivered": "recipients delivered",
+        "deferred": "deferrals",
+        "bounced": "recipients bounced",
+        "expired": "recipients expired",
+    }
+    for key, label in labels.items():
+        ax.plot(hours, [r[key] for r in rows], label=label)
+    ax.set_title("traffic per hour (UTC)")
     ax.legend(loc="upper left", fontsize="small")
 
 
@@ -54,13 +61,13 @@ def _queue(ax: Any, rows: Rows) -> None:
 
 def _delays(ax: Any, rows: Rows) -> None:
     ax.bar([r["bucket"] for r in rows], [r["recipients"] for r in rows])
-    ax.set_title("delivered recipients by delay")
+    ax.set_title("delivered recipients by delay (acceptance to delivery)")
 
 
 def _domains(ax: Any, rows: Rows) -> None:
     names = [r["recipient_domain"] for r in rows][:15]
     bottom = [0] * len(names)
-    for key in ("delivered", "bounced", "expired", "queued"):
+    for key in ("delivered", "bounced", "expired", "deleted", "queued"):
         values = [r[key] for r in rows][:15]
         ax.bar(names, values, bottom=bottom, label=key)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]

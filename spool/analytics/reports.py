@@ -64,9 +64,10 @@ def _delays(column: str = "delay") -> list[Column]:
 
 def _outcome_counts(events: DataFrame) -> DataFrame:
     """Per server: the event counts the totals need beyond the recipients table."""
+    held = F.when(F.col("kind") == "held", F.col("msg_id"))
     return events.groupBy("server").agg(
         _count(F.col("kind") == "deferred").alias("deferrals"),
-        _count(F.col("kind") == "held").alias("holds"),
+        F.countDistinct(held).alias("holds"),  # messages held at least once
     )
 
 
@@ -141,6 +142,7 @@ def per_domain(events: DataFrame, recipients: DataFrame) -> DataFrame:
         F.sum("deferrals").alias("deferrals"),
         _count(_status("failed")).alias("bounced"),
         _count(_status("expired")).alias("expired"),
+        _count(_status("deleted")).alias("deleted"),
         _count(_status("queued")).alias("queued"),
         *_delays(),
     )
@@ -153,6 +155,7 @@ def per_domain(events: DataFrame, recipients: DataFrame) -> DataFrame:
         "bounced",
         _pct(F.col("bounced"), F.col("recipients")).alias("bounced_pct"),
         "expired",
+        "deleted",
         "queued",
         "delay_p50",
         "delay_p95",
@@ -218,11 +221,19 @@ def delay_distribution(events: DataFrame, recipients: DataFrame) -> DataFrame:
             test = F.col("delay") < upper
             bucket = F.when(test, value) if bucket is None else bucket.when(test, value)
     assert bucket is not None
-    return (
+    counted = (
         recipients.where(_status("delivered"))
         .select(bucket.alias("b"))
         .groupBy("b.order", "b.bucket")
         .agg(F.count("*").alias("recipients"))
+    )
+    every = recipients.sparkSession.createDataFrame(
+        [(order, label) for order, (_, label) in enumerate(DELAY_BUCKETS)],
+        "order int, bucket string",
+    )  # empty buckets too: the histogram's axis never skips one
+    return (
+        every.join(counted, ["order", "bucket"], "left")
+        .select("order", "bucket", F.coalesce("recipients", F.lit(0)).alias("recipients"))
         .orderBy("order")
         .drop("order")
     )

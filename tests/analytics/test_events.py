@@ -11,13 +11,12 @@ from spool import Spool
 from spool import format as fmt
 from spool.analytics.events import (
     COLUMNS,
-    NotASpool,
     parse_source,
     plan_segments,
     readable_end,
     segment_rows,
 )
-from spool.errors import CorruptSpool
+from spool.errors import CorruptSpool, NotASpool
 from spool.testing import FakeClock, deliver_all
 
 KIND = [name for name, _ in COLUMNS].index("kind")
@@ -56,7 +55,26 @@ def test_paths_that_are_not_spools_are_refused_in_one_line(tmp_path: Path) -> No
     with pytest.raises(NotASpool, match="not a spool directory"):
         plan_segments([str(tmp_path / "notes")])
     (tmp_path / "empty").mkdir()
-    assert plan_segments([str(tmp_path / "empty")]) == []  # an empty archive: no rows
+    with pytest.raises(NotASpool, match="an empty directory"):
+        plan_segments([str(tmp_path / "empty")])  # an unmounted file system, say
+    with pytest.raises(NotASpool, match="not a directory"):
+        plan_segments([str(tmp_path / "notes" / "readme.txt")])
+
+
+def test_history_given_twice_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "mx"
+    with Spool.open(root, clock=FakeClock(), archive_dir="../archive", segment_size=4096) as sp:
+        for n in range(40):
+            sp.accept("a@example.org", ["b@example.net"], b"x" * 300 + b"%d" % n)
+        deliver_all(sp)
+        sp.checkpoint()
+    _spool(tmp_path / "other")
+    with pytest.raises(NotASpool, match="give each once"):
+        plan_segments([str(root), str(root)])
+    with pytest.raises(NotASpool, match="give each once"):
+        plan_segments([str(root), str(tmp_path / "archive")])  # read with the spool already
+    with pytest.raises(NotASpool, match="name them apart"):
+        plan_segments([f"mx={root}", f"mx={tmp_path / 'other'}"])
 
 
 def test_a_torn_tail_ends_the_rows_quietly(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,15 +38,50 @@ def test_report_json_gives_the_headline_and_progress(
         assert noise not in proc.stderr, proc.stderr
 
 
-def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
+def test_bad_input_is_one_line_and_changes_nothing(fleet: tuple[Path, Any], tmp_path: Path) -> None:
+    out, _ = fleet
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "keep").write_text("mine")
-    proc = _spool("report", str(tmp_path / "nothing"), "--out", str(tmp_path / "r"))
-    assert proc.returncode == 1
-    assert proc.stderr.strip().count("\n") == 0 and "no such directory" in proc.stderr
-    proc = _spool("report", str(tmp_path), "--out", str(tmp_path / "r"), "--since", "yesterday")
-    assert proc.returncode == 1 and "--since 'yesterday'" in proc.stderr
+    new = str(tmp_path / "new")
+    window = ["--since", "2026-11-02", "--until", "2026-11-01"]
+    refused = [
+        ([str(tmp_path / "nothing"), "--out", str(tmp_path / "new")], "no such directory"),
+        ([str(out / "mx1"), "--out", str(tmp_path / "r")], "not a report's"),
+        ([str(out / "mx1"), "--out", str(out / "mx1" / "report")], "lies inside the source"),
+        ([str(out / "mx1"), str(out / "mx1-archive"), "--out", str(tmp_path / "new")], "once"),
+        ([f"a={out / 'mx1'}", f"a={out / 'mx2'}", "--out", str(tmp_path / "new")], "apart"),
+        ([str(out / "mx1"), "--out", str(tmp_path / "new"), "--since", "yesterday"], "--since"),
+        ([str(out / "mx1"), "--out", new, *window], "empty window"),
+    ]
+    for args, words in refused:
+        proc = _spool("report", *args)
+        assert proc.returncode == 1, args
+        assert proc.stderr.count("\n") == 1 and words in proc.stderr, (args, proc.stderr)
     assert (tmp_path / "r" / "keep").read_text() == "mine"
+    assert not (tmp_path / "new").exists()
+
+
+def test_damage_is_one_line_or_skipped_with_status_1(
+    fleet: tuple[Path, Any], tmp_path: Path
+) -> None:
+    out, _ = fleet
+    shutil.copytree(out / "mx2", tmp_path / "mx2")
+    segment = sorted((tmp_path / "mx2" / "log").iterdir())[0]
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0x41
+    data[len(data) // 2 + 5] ^= 0x08  # two bits: no single one explains it
+    segment.write_bytes(bytes(data))
+    proc = _spool("report", str(tmp_path / "mx2"), "--out", str(tmp_path / "r"))
+    assert proc.returncode == 1
+    [last] = proc.stderr.strip().splitlines()[-1:]
+    assert last.startswith("spool: corrupt spool file") and str(segment) in last
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r.partial").exists()
+    proc = _spool(
+        "report", str(tmp_path / "mx2"), "--out", str(tmp_path / "r"), "--on-damage", "skip"
+    )
+    assert proc.returncode == 1  # written, without the damaged segment's rest
+    assert f"spool: damaged, skipped: mx2: {segment}" in proc.stderr
+    assert (tmp_path / "r" / "index.html").is_file()
 
 
 def test_ctrl_c_stops_the_report_in_one_line_and_keeps_the_previous_one(
@@ -54,8 +90,9 @@ def test_ctrl_c_stops_the_report_in_one_line_and_keeps_the_previous_one(
     import signal
 
     out, _ = fleet
-    (tmp_path / "r").mkdir()
+    (tmp_path / "r").mkdir()  # an earlier report
     (tmp_path / "r" / "index.html").write_text("the previous report")
+    (tmp_path / "r" / "summary.json").write_text("{}")
     proc = subprocess.Popen(
         [
             sys.executable,
