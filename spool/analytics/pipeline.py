@@ -73,8 +73,15 @@ def run_report(
     finally:
         events.unpersist()
         recipients.unpersist()
-    shutil.rmtree(out, ignore_errors=True)
+    # The previous report steps aside before the new one takes its name and is removed
+    # after: a crash in between leaves one of them whole at OUT or beside it, never neither
+    # (and OUT.partial, a run cut short, is removed by the next run).
+    previous = out.rstrip(os.sep) + ".replaced-by-spool-report"
+    shutil.rmtree(previous, ignore_errors=True)
+    if os.path.exists(out):
+        os.replace(out, previous)
     os.replace(staging, out)
+    shutil.rmtree(previous, ignore_errors=True)
     return summary
 
 

@@ -33,6 +33,15 @@ def _spool(root: Path, messages: int = 3) -> list[str]:
     return ids
 
 
+def _archiving_spool(root: Path) -> None:
+    """A spool whose small segments, all settled, were retired into ``../archive``."""
+    with Spool.open(root, clock=FakeClock(), archive_dir="../archive", segment_size=4096) as sp:
+        for n in range(40):
+            sp.accept("a@example.org", ["b@example.net"], b"x" * 300 + b"%d" % n)
+        deliver_all(sp)
+        sp.checkpoint()
+
+
 def test_a_spool_reads_as_one_row_per_record_and_recipient(tmp_path: Path) -> None:
     ids = _spool(tmp_path / "mx")
     rows = _rows([str(tmp_path / "mx")])
@@ -63,11 +72,7 @@ def test_paths_that_are_not_spools_are_refused_in_one_line(tmp_path: Path) -> No
 
 def test_history_given_twice_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "mx"
-    with Spool.open(root, clock=FakeClock(), archive_dir="../archive", segment_size=4096) as sp:
-        for n in range(40):
-            sp.accept("a@example.org", ["b@example.net"], b"x" * 300 + b"%d" % n)
-        deliver_all(sp)
-        sp.checkpoint()
+    _archiving_spool(root)
     _spool(tmp_path / "other")
     with pytest.raises(NotASpool, match="give each once"):
         plan_segments([str(root), str(root)])
@@ -103,11 +108,7 @@ def test_damage_names_file_and_offset_or_is_skipped_when_asked(tmp_path: Path) -
 
 def test_archived_segments_are_read_with_the_live_log(tmp_path: Path) -> None:
     root = tmp_path / "mx"
-    with Spool.open(root, clock=FakeClock(), archive_dir="../archive", segment_size=4096) as sp:
-        for n in range(40):
-            sp.accept("a@example.org", ["b@example.net"], b"x" * 300 + b"%d" % n)
-        deliver_all(sp)
-        sp.checkpoint()
+    _archiving_spool(root)
     archived = sorted((tmp_path / "archive").iterdir())
     assert archived, "the test needs retired segments in the archive"
     rows = _rows([str(root)])

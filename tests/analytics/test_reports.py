@@ -175,3 +175,6 @@ def test_an_empty_spool_reports_zeros(spark: Any, tmp_path: Path) -> None:
     assert summary["received"] == summary["delivered"] == summary["deferrals"] == 0
     assert summary["bytes"] == 0 and summary["accountability_violations"] == []
     assert (tmp_path / "r" / "index.html").is_file()
+    # A second run replaces the first whole and leaves nothing beside it.
+    run_report(spark, [str(tmp_path / "empty")], str(tmp_path / "r"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "r"]

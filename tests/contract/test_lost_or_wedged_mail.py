@@ -1326,6 +1326,16 @@ def test_a_segment_whose_header_is_beyond_repair_names_every_message_in_it(
 # --- found by a second adversarial review ------------------------------------------------
 
 
+def _one_bit_apart(a: str, b: str) -> tuple[int, int] | None:
+    """Where and which bit tells two ids apart, if exactly one bit does."""
+    diff = [
+        (i, x ^ y) for i, (x, y) in enumerate(zip(a.encode(), b.encode(), strict=True)) if x != y
+    ]
+    if len(diff) == 1 and bin(diff[0][1]).count("1") == 1:
+        return diff[0]
+    return None
+
+
 def _neighbours_one_bit_apart(root: Path, **options: object) -> tuple[str, str, int, int]:
     """Two queued messages with body files, accepted in the same second with ids one bit
     apart (common: the counter's last step); the first id, the second, and where and
@@ -1335,10 +1345,9 @@ def _neighbours_one_bit_apart(root: Path, **options: object) -> tuple[str, str, 
         with Spool.open(root, inline_body_max=100, **options) as sp:  # type: ignore[arg-type]
             n = sp.accept("a@example.org", ["bob@example.net"], b"n" * 500)
             m = sp.accept("a@example.org", ["carol@example.net"], b"m" * 500)
-        pairs = enumerate(zip(m.encode(), n.encode(), strict=True))
-        diff = [(i, a ^ b) for i, (a, b) in pairs if a != b]
-        if len(diff) == 1 and bin(diff[0][1]).count("1") == 1:
-            return n, m, *diff[0]
+        diff = _one_bit_apart(m, n)
+        if diff is not None:
+            return n, m, *diff
     raise AssertionError("no two ids one bit apart in 200 tries")
 
 
@@ -1386,14 +1395,14 @@ def test_a_damaged_delta_of_a_message_in_flight_holds_its_near_namesakes(
             capture_output=True, text=True, cwd=ROOT, check=True,
         )  # fmt: skip
         x, y = out.stdout.split()
-        diff = [(i, ord(a) ^ ord(b)) for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b]
-        if len(diff) == 1 and bin(diff[0][1]).count("1") == 1:
+        diff = _one_bit_apart(x, y)
+        if diff is not None:
             break
     else:
         raise AssertionError("no two ids one bit apart in 200 tries")
     seg, offset = _record_offset(root, "delta")
     data = bytearray(seg.read_bytes())
-    data[data.index(x.encode(), offset) + diff[0][0]] ^= diff[0][1]
+    data[data.index(x.encode(), offset) + diff[0]] ^= diff[1]
     data[offset] ^= 0x01  # and its CRC: beyond a one-bit correction
     seg.write_bytes(bytes(data))
     named, _ = _repair_named(root)
