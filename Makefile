@@ -7,12 +7,12 @@ SPOOL_DIR ?= var/spool
 
 .PHONY: install java test test-fast test-crash coverage fuzz lint typecheck fmt run report-demo bench bench-quick clean
 
-# The analytics extra (PySpark, pyarrow, matplotlib) is part of the development install:
-# its tests run in `make test` like every other.
+# The serve and analytics extras (prometheus-client; PySpark, pyarrow, matplotlib) are
+# part of the development install: their tests run in `make test` like every other.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,analytics]'
+	$(BIN)/pip install --quiet -e '.[dev,serve,analytics]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -81,11 +81,11 @@ run: $(STAMP)
 
 # The benchmarks need the peers too (persist-queue): install the bench extra first.
 bench-quick: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,serve,bench]'
 	$(BIN)/python -m tools.bench --quick
 
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,serve,bench]'
 	$(BIN)/python -m tools.bench
 
 clean:

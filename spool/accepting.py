@@ -12,6 +12,7 @@ import itertools
 import secrets
 from collections.abc import Iterable
 
+from spool import delivery_log
 from spool import format as fmt
 from spool import records as rec
 from spool.addresses import check_recipients, check_sender
@@ -75,4 +76,5 @@ class Acceptor:
                 self.bodies.staged[msg_id] = end
             st.counts["accepted"] += 1
         st.writer.wait_durable(end)  # the commit point of accept
+        delivery_log.accepted(msg_id, sender, len(data), len(rcpts))
         return msg_id

@@ -25,6 +25,7 @@ from typing import Final
 
 import attrs
 
+from spool import delivery_log
 from spool import records as rec
 from spool.addresses import needs_smtputf8
 from spool.arguments import check_seconds, check_text
@@ -252,6 +253,7 @@ class AttemptBook:
         )
         flight.outcomes.extend(rec.Outcome(r, rec.FAILED, EXPIRED_REPLY, now) for r in rcpts)
         flight.unreported.clear()
+        self._log(flight, rcpts, rec.FAILED, EXPIRED_REPLY, now, expired=True)
         self.state.counts["expired"] += 1
         self.state.counts["failed"] += len(rcpts)
         self.settle(flight, now, "expired")
@@ -317,6 +319,29 @@ class AttemptBook:
             state.counts[status] += len(rcpts)
         if status != rec.DEFERRED:
             state.writer.wait_durable(end)  # the commit point of delivered()/failed()
+        self._log(flight, rcpts, status, reply, now)
+
+    def _log(
+        self,
+        flight: InFlight,
+        rcpts: tuple[str, ...],
+        status: str,
+        reply: str,
+        now: float,
+        *,
+        expired: bool = False,
+    ) -> None:
+        """The delivery log's lines for what was just recorded (``delivery_log.py``)."""
+        delivery_log.outcome(
+            flight.envelope.msg_id,
+            rcpts,
+            status,
+            reply,
+            accepted_at=flight.envelope.accepted_at,
+            started_at=flight.started_at,
+            now=now,
+            expired=expired,
+        )
 
     # --- ending ------------------------------------------------------------------------
 
@@ -334,6 +359,7 @@ class AttemptBook:
             flight.deferred.update(dict.fromkeys(rcpts, UNREPORTED_REPLY))
             flight.unreported.clear()
             self.state.counts["deferred"] += len(rcpts)
+            self._log(flight, rcpts, rec.DEFERRED, UNREPORTED_REPLY, now)
         # Not waited for: recovery rebuilds the same outcome from the durable deltas
         # and the operator's control records (an action taken in flight).
         self.settle(flight, now, "all recipients settled", crashed=crashed)
@@ -383,6 +409,8 @@ class AttemptBook:
             _, end = self.scheduler.enqueue(replacement)
             if promoted_from is not None:
                 self.bodies.promoted(flight.body, env.msg_id, end)
+            if held is not None and held != flight.hold:
+                delivery_log.held(env.msg_id, held, by_operator=False)
         else:
             body, promoted_from = self.bodies.finish_body(env.msg_id, flight.body, outcomes)
             finish = rec.Finish(
@@ -397,6 +425,7 @@ class AttemptBook:
             )
             _, end = self.scheduler.enqueue(finish)
             self.bodies.finished(finish, end, flight.body)
+            delivery_log.removed(env.msg_id, reason)
         flight.closed = True
         del self.in_flight[env.msg_id]
         self.state.cond.notify_all()
@@ -411,6 +440,7 @@ class AttemptBook:
         flight.outcomes.extend(rec.Outcome(r, status, reply, now) for r in rcpts)
         flight.unreported.clear()
         flight.deferred.clear()
+        self._log(flight, rcpts, status, reply, now)
         if status == rec.FAILED:
             self.state.counts["failed"] += len(rcpts)
 

@@ -415,6 +415,7 @@ def _entry(fields: dict[str, Any]) -> QueueEntry:
         **{
             **fields,
             "recipients": tuple(fields["recipients"]),
+            "replies": tuple(fields.get("replies", ())),
             "envelope_at": Position(*fields["envelope_at"]),
         }
     )

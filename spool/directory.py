@@ -10,11 +10,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
 import stat
 
 from spool import format as fmt
 from spool.errors import BadSpoolDirectory
 from spool.fs import FileSystem, read_file, write_file_durably
+
+
+def user_name(uid: int) -> str:
+    """The name of user ``uid`` (``uid N`` when it has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def prepare_directory(fs: FileSystem, path: str) -> None:
@@ -40,8 +49,11 @@ def prepare_directory(fs: FileSystem, path: str) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise BadSpoolDirectory(path, "exists and is not a directory")
     if st.st_uid != os.geteuid():
+        owner, me = user_name(st.st_uid), user_name(os.geteuid())
         raise BadSpoolDirectory(
-            path, f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+            path,
+            f"owned by {owner}, not by this user ({me}): run the command as {owner} "
+            f"(for example: sudo -u {owner} spool ...); a spool is used by one user",
         )
     if st.st_mode & 0o022:
         raise BadSpoolDirectory(

@@ -29,7 +29,7 @@ class SpoolLocked(SpoolError):
         self.pid = pid
         owner = f"process {pid}" if pid else "another process"
         super().__init__(
-            f"spool {path} is locked by {owner}; stop that owner or talk to it, "
+            f"{path} is locked by {owner}; stop that owner or talk to it, "
             "a spool has exactly one owner at a time"
         )
 

@@ -2,13 +2,16 @@
 
 The default is the conventional syslog-like line (``2026-11-25T06:40:00.123Z
 spool[4711]: INFO message``, UTC); ``--log-format json`` writes one JSON object a line for
-machines. Workers inherit the owner's choice through ``SPOOL_LOG_FORMAT``.
+machines; ``--log-file PATH`` appends to a file instead. Workers inherit the owner's choices
+through ``SPOOL_LOG_FORMAT`` and ``SPOOL_LOG_FILE``. The delivery log (``delivery_log.py``)
+is part of it: one line per accepted message, recipient outcome and operator action.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import sys
 import time
@@ -29,9 +32,16 @@ class JsonFormatter(logging.Formatter):
         })  # fmt: skip
 
 
-def setup_logging(log_format: str, program: str = "spool") -> None:
-    """Log to standard error, one line per event (UTC times)."""
-    handler = logging.StreamHandler(sys.stderr)
+def setup_logging(log_format: str, program: str = "spool", log_file: str | None = None) -> None:
+    """Log to standard error, or append to ``log_file``, one line per event (UTC times).
+
+    A log file is reopened when it was moved or removed (``WatchedFileHandler``), so that
+    logrotate's default ``create`` rotation works without a signal."""
+    handler: logging.Handler
+    if log_file:
+        handler = logging.handlers.WatchedFileHandler(log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
@@ -46,3 +56,5 @@ def setup_logging(log_format: str, program: str = "spool") -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     os.environ["SPOOL_LOG_FORMAT"] = log_format  # the workers log as the owner does
+    if log_file:
+        os.environ["SPOOL_LOG_FILE"] = os.path.abspath(log_file)

@@ -19,6 +19,7 @@ from typing import Final
 
 import attrs
 
+from spool import delivery_log
 from spool import format as fmt
 from spool import records as rec
 from spool.arguments import check_msg_id, check_text
@@ -89,6 +90,11 @@ class _ActionTally:
         return ActionResult(
             tuple(self.changed), tuple(self.unchanged), tuple(self.unknown), dict(self.refused)
         )
+
+
+def not_held(msg_id: str) -> str:
+    """Why a release of ``msg_id`` does not apply (the CLI counts it as a no-op)."""
+    return f"{msg_id} is not held"
 
 
 def default_reason(action: OperatorAction, reason: str | None) -> str | None:
@@ -222,7 +228,7 @@ class OperatorDesk:
         if action is OperatorAction.RETRY:
             return None  # it is being attempted right now
         if action is OperatorAction.RELEASE and flight.hold is None:
-            raise SpoolMisuse(f"{flight.envelope.msg_id} is not held")
+            raise SpoolMisuse(not_held(flight.envelope.msg_id))
         part = encode_checked(
             rec.Control(
                 IN_FLIGHT[action], flight.envelope.msg_id, self.state.now(), why=reason or ""
@@ -268,7 +274,7 @@ class OperatorDesk:
             new = attrs.evolve(env, held=reason, klass=last_class)
         elif action is OperatorAction.RELEASE:
             if env.held is None:
-                raise SpoolMisuse(f"{env.msg_id} is not held")
+                raise SpoolMisuse(not_held(env.msg_id))
             new = attrs.evolve(env, held=None, klass=0, crashes=0)
         else:
             if env.held is not None or env.klass == 0:
@@ -285,6 +291,12 @@ class OperatorDesk:
         if promoted is not None:
             self.bodies.promoted(old, env.msg_id, end)
         state.cond.notify_all()
+        if action is OperatorAction.HOLD:
+            delivery_log.held(env.msg_id, reason or "", by_operator=True)
+        elif action is OperatorAction.RELEASE:
+            delivery_log.released(env.msg_id)
+        else:
+            delivery_log.made_due(env.msg_id)
         return end
 
     def _read_envelope(self, pos: Position) -> tuple[rec.Envelope, int]:

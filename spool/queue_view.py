@@ -51,16 +51,24 @@ class QueueEntry:
     body_kind: str
     envelope_at: Position
     last_reply: str | None
+    # Each pending recipient's own last reply, in the order of ``recipients`` (None: not
+    # yet attempted). From the attempts' records while they are in the log; once a
+    # checkpoint freed them, the message's last reply stands for each recipient.
+    replies: tuple[str | None, ...] = ()
 
 
 def walk(
-    fs: FileSystem, root: str, *, skip_bodies: bool = True
+    fs: FileSystem,
+    root: str,
+    *,
+    skip_bodies: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[Position, rec.Record | None, Frame | None]]:
     """Every record of the log in order, as (position, record or None, frame).
 
     Body and pad frames come back with record None (bodies only when ``skip_bodies`` is
     False; otherwise they are stepped over). Stops quietly at a torn tail; raises
-    ``CorruptSpool`` at damage.
+    ``CorruptSpool`` at damage. ``progress(n)`` is told of each n segments passed.
     """
     log_dir = os.path.join(root, fmt.LOG_DIR)
     positions = load_positions(fs, root)
@@ -76,8 +84,12 @@ def walk(
         newest_segment=segments[-1],
         skip_bodies=skip_bodies,
     )
+    segment = segments[0]
     try:
         for pos, frame in cursor:
+            if progress is not None and pos.segment != segment:
+                progress(pos.segment - segment)
+                segment = pos.segment
             if not isinstance(frame, Frame):
                 continue
             if frame.type in (fmt.T_BODY, fmt.T_PAD):
@@ -87,6 +99,8 @@ def walk(
                 frame.type, frame.payload, cursor.path(pos.segment), pos.offset
             )
             yield pos, record, frame
+        if progress is not None:
+            progress(segments[-1] - segment + 1)
     finally:
         cursor.close()
 
@@ -95,9 +109,15 @@ def walk(
 WALK_ATTEMPTS = 10
 
 
-def live_messages(fs: FileSystem, root: str, intervals: tuple[float, ...]) -> dict[str, QueueEntry]:
-    """The live messages by id. ``intervals[k]`` is retry class k's delay (class 0: 0)."""
-    return _stable(fs, root, lambda: _live_messages_once(fs, root, intervals))
+def live_messages(
+    fs: FileSystem,
+    root: str,
+    intervals: tuple[float, ...],
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, QueueEntry]:
+    """The live messages by id. ``intervals[k]`` is retry class k's delay (class 0: 0);
+    ``progress`` as ``walk`` tells it."""
+    return _stable(fs, root, lambda: _live_messages_once(fs, root, intervals, progress))
 
 
 def _stable(fs: FileSystem, root: str, walk_once: Callable[[], T]) -> T:
@@ -117,19 +137,33 @@ def _stable(fs: FileSystem, root: str, walk_once: Callable[[], T]) -> T:
 
 
 def _live_messages_once(
-    fs: FileSystem, root: str, intervals: tuple[float, ...]
+    fs: FileSystem,
+    root: str,
+    intervals: tuple[float, ...],
+    progress: Callable[[int], None] | None,
 ) -> dict[str, QueueEntry]:
     live: dict[str, QueueEntry] = {}
-    for pos, record, frame in walk(fs, root):
+    deferrals: dict[str, dict[str, str]] = {}  # msg_id -> recipient -> its last reply
+    for pos, record, frame in walk(fs, root, progress=progress):
         if isinstance(record, rec.Envelope):
             assert frame is not None
-            live[record.msg_id] = entry_for(record, pos, frame.size, intervals)
+            replies = deferrals.get(record.msg_id, {})
+            fallback = record.last_reply
+            live[record.msg_id] = attrs.evolve(
+                entry_for(record, pos, frame.size, intervals),
+                replies=tuple(replies.get(r, fallback) for r in record.recipients),
+            )
+        elif isinstance(record, rec.Delta):
+            if record.status == rec.DEFERRED:
+                got = deferrals.setdefault(record.msg_id, {})
+                got.update(dict.fromkeys(record.recipients, record.reply))
         elif isinstance(record, rec.Start):
             entry = live.get(record.msg_id)
             if entry is not None and entry.envelope_at == record.envelope_at:
                 live[record.msg_id] = attrs.evolve(entry, state=ACTIVE)
         elif isinstance(record, rec.Finish):
             live.pop(record.msg_id, None)
+            deferrals.pop(record.msg_id, None)
     return live
 
 

@@ -37,10 +37,17 @@ def serve(
     concurrency: int = 4,
     metrics: tuple[str, int] | None = None,
     ready: Any = None,
-) -> None:
-    """Run the owner until SIGTERM/SIGINT. ``ready`` is called with the ready line."""
+) -> int:
+    """Run the owner until SIGTERM/SIGINT; return the signal's number (the command exits
+    130 after Ctrl-C, 0 after SIGTERM). ``ready`` is called with the ready line."""
     stop = threading.Event()
-    handlers = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    stopped_by: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
+    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         sp = Spool.open(directory, attempt_timeout=attempt_timeout)
     except BaseException:
@@ -82,7 +89,7 @@ def serve(
         supervisor.start()
         line = (
             f"spool serve: ready, pid {os.getpid()}, socket {server.path}, "
-            f"{workers} worker(s) ({agent or 'no agent'})"
+            f"{workers} worker{'' if workers == 1 else 's'} ({agent or 'no agent'})"
         )
         log.info(line.removeprefix("spool serve: "))
         if ready is not None:
@@ -108,3 +115,4 @@ def serve(
         "stopped after %.0f s: accepted %d, delivered %d, deferred %d, failed %d (recipients)",
         time.monotonic() - started, stats.accepted, stats.delivered, stats.deferred, stats.failed,
     )  # fmt: skip
+    return stopped_by[0] if stopped_by else signal.SIGTERM

@@ -160,7 +160,11 @@ def run_workers(
 @click.option("--concurrency", default=CONCURRENCY, show_default=True, help="Deliveries at once.")
 def main(directory: str, agent_spec: str, max_use: int, concurrency: int) -> None:
     """Deliver from the spool DIRECTORY's running owner through AGENT."""
-    setup_logging(os.environ.get("SPOOL_LOG_FORMAT", "text"), "spool-worker")
+    setup_logging(
+        os.environ.get("SPOOL_LOG_FORMAT", "text"),
+        "spool-worker",
+        os.environ.get("SPOOL_LOG_FILE") or None,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)

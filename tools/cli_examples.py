@@ -15,7 +15,9 @@ from spool import Spool
 COMMANDS = [
     ["list", "{d}"],
     ["list", "{d}", "--json", "--held"],
+    ["list", "-i", "{d}", "--state", "deferred"],
     ["show", "{d}", "{deferred}"],
+    ["show", "{d}", "{deferred}", "--headers"],
     ["stats", "{d}"],
     ["dump", "{d}", "--limit", "6"],
     ["check", "{d}"],
@@ -32,8 +34,8 @@ def build(path: str) -> dict[str, str]:
             "done": sp.accept("alice@example.org", ["bob@example.net"], b"Subject: a\r\n\r\nx\r\n"),
             "deferred": sp.accept(
                 "alice@example.org",
-                ["carol@example.com", "dave@example.net"],
-                b"Subject: b\r\n\r\n" + b"y" * 2000,
+                ["carol@example.com", "dave@example.net", "erin@example.com"],
+                b"Subject: b\r\nFrom: alice@example.org\r\n\r\n" + b"y" * 2000,
             ),
             "held": sp.accept("", ["postmaster@example.org"], b"Subject: bounce\r\n\r\nz\r\n"),
             "fresh": sp.accept("erin@example.org", ["frank@example.com"], b"Subject: c\r\n\r\n"),
@@ -47,6 +49,7 @@ def build(path: str) -> dict[str, str]:
                 else:
                     attempt.delivered(["dave@example.net"], "250 2.0.0 ok")
                     attempt.deferred(["carol@example.com"], "451 4.7.1 greylisted")
+                    attempt.deferred(["erin@example.com"], "421 4.4.2 connection timed out")
         sp.hold(ids["held"])
     return ids
 

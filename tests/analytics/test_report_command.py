@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.serve.running import sigint_as_default
+
 
 def _spool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -106,6 +108,7 @@ def test_ctrl_c_stops_the_report_in_one_line_and_keeps_the_previous_one(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_default,
     )
     assert proc.stderr is not None
     for line in proc.stderr:  # Spark is up and reading: interrupt it there

@@ -80,11 +80,11 @@ def test_list_shows_the_queue_with_filters_and_a_summary(
     code, out = run("list", spool_dir, "--held")
     assert traffic["held"] in out and traffic["later"] not in out
     code, out = run("list", spool_dir, "--recipient", "fresh@")
-    assert "-- 1 messages" in out and traffic["fresh"] in out
+    assert "-- 1 message," in out and traffic["fresh"] in out
     assert run("list", spool_dir, "--older-than", "1h")[1].startswith("-- 0 messages")
     code, out = run("list", spool_dir, "--json")
     rows = [json.loads(line) for line in out.splitlines()]
-    assert {r["msg_id"] for r in rows} == {traffic[n] for n in ("later", "held", "fresh")}
+    assert {r["queue_id"] for r in rows} == {traffic[n] for n in ("later", "held", "fresh")}
     assert run("list", spool_dir, "--older-than", "soon")[0] == 2
 
 
@@ -106,7 +106,9 @@ def test_stats_counts_states_domains_and_disk(spool_dir: str, traffic: dict[str,
     code, out = run("stats", spool_dir, "--json")
     data = json.loads(out)
     assert data["messages"] == 3 and data["by_state"]["held"] == 1
-    assert data["qshape"]["domains"]["other.example"][0] == 3
+    # Held mail is counted apart from the age table (it waits for the operator).
+    assert data["qshape"]["domains"]["other.example"][0] == 2
+    assert data["held"] == {"messages": 1, "recipients": 2}
     assert data["disk_bytes"]["log"] > 0 and data["positions"]["garbage_front"]
 
 
@@ -122,17 +124,17 @@ def test_dump_prints_records_from_a_position(spool_dir: str, traffic: dict[str, 
 def test_operator_commands_change_the_queue(spool_dir: str, traffic: dict[str, str]) -> None:
     assert run("release", spool_dir, traffic["held"])[0] == 0
     code, out = run("release", spool_dir, traffic["held"])
-    assert code == 1 and "not held" in out
+    assert code == 0 and f"{traffic['held']}: unchanged, not held" in out
     assert run("hold", spool_dir, traffic["fresh"])[0] == 0
     code, out = run("retry", spool_dir, "--all")
-    assert code == 0 and "1 message(s) due now" in out
+    assert code == 0 and "1 message due now" in out
     assert run("delete", spool_dir, traffic["later"])[0] == 0
     code, out = run("delete", spool_dir, "FFFFFFFFFFFFFFFF")
-    assert code == 1 and "no such message" in out
+    assert code == 1 and "no message FFFFFFFFFFFFFFFF in the spool" in out
     assert run("retry", spool_dir)[0] == 2
     rows = [json.loads(line) for line in run("list", spool_dir, "--json")[1].splitlines()]
     # held was released (due now, one attempt behind it), fresh is held now.
-    assert {r["msg_id"]: r["state"] for r in rows} == {
+    assert {r["queue_id"]: r["queue_name"] for r in rows} == {
         traffic["held"]: "deferred",
         traffic["fresh"]: "held",
     }
@@ -154,7 +156,8 @@ def test_accept_and_checkpoint(spool_dir: str) -> None:
     # The accept's close wrote them; nothing happened since.
     assert code == 0 and "positions current" in out
     code, out = run("list", spool_dir, "--json")
-    assert [json.loads(line)["recipients"] for line in out.splitlines()] == [["b@example.net"]]
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["recipients"] for r in rows] == [[{"address": "b@example.net", "delay_reason": None}]]
 
 
 def test_check_is_clean_on_a_healthy_spool_and_recover_reports(
@@ -272,7 +275,7 @@ def test_installed_command_on_a_locked_spool(spool_dir: str) -> None:
         assert "Traceback" not in proc.stderr
         assert spool_cmd("recover", "--dry-run", spool_dir).returncode == 1
         proc = spool_cmd("list", spool_dir)  # read-only: works beside the owner
-        assert proc.returncode == 0 and "-- 1 messages" in proc.stdout
+        assert proc.returncode == 0 and "-- 1 message," in proc.stdout
         assert spool_cmd("check", spool_dir).returncode == 0
 
 

@@ -39,3 +39,10 @@ def die_on_crash(envelope: MessageEnvelope, data: bytes) -> dict[str, str]:
     if any(r.startswith("crash") for r in envelope.recipients):
         os._exit(3)
     return dict.fromkeys(envelope.recipients, "250 2.0.0 ok")
+
+
+def grey_once(envelope: MessageEnvelope, data: bytes) -> dict[str, str]:
+    """Defers every recipient on a message's first attempt, delivers them on the next."""
+    if envelope.attempts == 0:
+        return dict.fromkeys(envelope.recipients, "451 4.7.1 greylisted, try again")
+    return dict.fromkeys(envelope.recipients, "250 2.0.0 ok")

@@ -21,6 +21,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def sigint_as_default() -> None:
+    """In a child, before it runs: SIGINT as a terminal's Ctrl-C finds it, even when the
+    tests run where SIGINT is ignored (a shell's background job), which children inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def owner(directory: str, *args: str, log: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """A running owner of ``directory``; its log goes to ``log`` (default: next to the
@@ -34,6 +40,7 @@ def owner(directory: str, *args: str, log: str | None = None) -> Iterator[subpro
             stderr=err,
             env=child_env(),
             cwd=ROOT,
+            preexec_fn=sigint_as_default,
         )
     try:
         assert proc.stdout is not None

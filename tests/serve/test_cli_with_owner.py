@@ -35,7 +35,7 @@ def session(d: str) -> list[tuple[int, str, str]]:
     commands = [
         ("hold", d, ids[0], "--reason", "their MX is down"),
         ("hold", d, ids[0]),  # already held: unchanged
-        ("release", d, ids[1]),  # not held: refused
+        ("release", d, ids[1]),  # not held: a no-op, named
         ("release", d, "--held"),
         ("release", d, "--sender", "a@example.org"),  # one held, others not: no refusal
         ("hold", d, ids[0]),
@@ -48,7 +48,10 @@ def session(d: str) -> list[tuple[int, str, str]]:
     for args in commands:
         stdin = (ids[2] + "\n").encode() if args[-1] == "-" else b""
         done = spool_cmd(*args, stdin=stdin)
-        out.append((done.returncode, done.stdout, done.stderr.replace(ids[1], "ID1")))
+        texts = [done.stdout, done.stderr]
+        for i, msg_id in enumerate(ids):
+            texts = [text.replace(msg_id, f"ID{i}") for text in texts]
+        out.append((done.returncode, *texts))
     listing = spool_cmd("list", d, "--json")
     out.append((listing.returncode, str(len(listing.stdout.splitlines())), listing.stderr))
     return out
@@ -64,7 +67,11 @@ def test_mutating_commands_print_the_same_with_and_without_an_owner(tmp_path: Pa
         checkpoint = spool_cmd("checkpoint", served)
         assert checkpoint.returncode == 0 and "positions" in checkpoint.stdout
     assert got == expected
-    assert [status for status, _, _ in got] == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0]
+    assert [status for status, _, _ in got] == [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]
+    assert (
+        got[1][1] == "ID0: unchanged, already held\n0 messages held, 1 unchanged (nothing to do)\n"
+    )
+    assert got[2][1].startswith("ID1: unchanged, not held\n")
 
 
 def test_status_shows_the_owner_and_its_workers(tmp_path: Path) -> None:
@@ -142,8 +149,9 @@ def test_serve_refuses_a_bad_metrics_address(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_the_owner_cleanly_and_json_logs_are_json(tmp_path: Path) -> None:
-    """SIGINT (a Ctrl-C) is a clean stop as SIGTERM is: exit 0, socket gone, nothing in
-    flight for the next open; with --log-format json every log line is one object."""
+    """SIGINT (a Ctrl-C) is a clean stop as SIGTERM is: socket gone, nothing in flight
+    for the next open, and the status of a Ctrl-C (130); with --log-format json every log
+    line is one object."""
     import signal
 
     from spool.client import connect, socket_path
@@ -153,7 +161,7 @@ def test_ctrl_c_stops_the_owner_cleanly_and_json_logs_are_json(tmp_path: Path) -
         client.accept("a@example.org", ["b@example.net"], BODY)
         assert client.claim(timeout=5) is not None  # left open: the stop closes it
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
+        assert proc.wait(60) == 130
     assert not Path(socket_path(d)).exists()
     lines = [json.loads(line) for line in Path(log).read_text().splitlines()]
     assert {"time", "level", "pid", "message"} <= set(lines[0])

@@ -16,8 +16,17 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "spool"
 
 LAYERS: list[set[str]] = [
-    {"format", "errors", "fs", "logs"},
-    {"framing", "records", "metafile", "addresses", "clock", "segment_header", "protocol"},
+    {"format", "errors", "fs", "logs", "version"},
+    {
+        "framing",
+        "records",
+        "metafile",
+        "addresses",
+        "clock",
+        "segment_header",
+        "protocol",
+        "delivery_log",
+    },
     {"reader", "writer", "positions", "lock", "directory"},
     {
         "options",
@@ -109,8 +118,9 @@ def production_graph() -> dict[str, set[str]]:
     }
     # The analytics (the top layer, with the commands): nothing below may import them, so
     # the core runs without Spark.
-    for path in (PACKAGE / "analytics").glob("*.py"):
-        graph[f"analytics.{path.stem}"] = spool_imports(path.read_text())
+    for package in ("analytics", "cli"):
+        for path in (PACKAGE / package).glob("*.py"):
+            graph[f"{package}.{path.stem}"] = spool_imports(path.read_text())
     return graph
 
 

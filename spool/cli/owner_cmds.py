@@ -1,0 +1,177 @@
+"""``spool serve`` and ``spool status``: run the spool's owner, and ask it how it does."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import attrs
+import click
+
+from spool.cli.common import (
+    AGE,
+    DIR,
+    JSON,
+    SIGINT_EXIT,
+    emit_json,
+    fail,
+    handle_errors,
+    human_age,
+    require_spool,
+)
+from spool.client import connect
+from spool.logs import LOG_FORMATS, setup_logging
+
+
+@click.command()
+@DIR
+@click.option(
+    "--agent",
+    help="Delivery agent of the workers: demo, maildir:PATH, "
+    "pipe:COMMAND, smtp:HOST:PORT, lmtp:HOST:PORT, python:MODULE:CALLABLE.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(0, 256),
+    help="Worker processes [default: 2 with --agent, else 0: clients claim over the socket].",
+)
+@click.option(
+    "--max-use",
+    type=click.IntRange(1),
+    default=100,
+    show_default=True,
+    help="Attempts a worker makes before it is replaced (Postfix's max_use).",
+)
+@click.option(
+    "--attempt-timeout",
+    type=AGE,
+    default="1000s",
+    show_default=True,
+    help="An attempt's lease: past it the attempt is closed as deferred and its "
+    "worker killed and replaced.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=4,
+    show_default=True,
+    help="Deliveries at once in each worker (threads, each with its own agent).",
+)
+@click.option(
+    "--metrics",
+    "metrics_at",
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines on standard error.",
+)
+@click.option(
+    "--log-file",
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Append the log (the delivery log included) to PATH instead of standard error.",
+)
+@handle_errors
+def serve(
+    directory: str,
+    agent: str | None,
+    workers: int | None,
+    max_use: int,
+    attempt_timeout: float,
+    concurrency: int,
+    metrics_at: str | None,
+    log_format: str,
+    log_file: str | None,
+) -> None:
+    """Run the spool's owner: recovery, queue runners, control socket, delivery workers.
+
+    Runs until SIGTERM or Ctrl-C, then stops cleanly (workers settle the message in
+    hand; attempts still open are deferred). Other commands reach it through the socket
+    DIR/control.sock. docs/serve.md describes it.
+
+    \b
+    Examples:
+      spool serve var/spool --agent demo --workers 2
+      spool serve var/spool --agent maildir:/var/mail --workers 4
+    """
+    count = workers if workers is not None else (2 if agent else 0)
+    if count and not agent:
+        raise click.UsageError("workers need an agent: give --agent (for example --agent demo)")
+    from spool.agents import load_agent
+
+    if agent:
+        load_agent(agent).close()  # a bad spec is refused now, not by every worker
+    metrics = None
+    if metrics_at is not None:
+        try:
+            from spool.metrics import parse_listen
+        except ImportError as exc:
+            fail(
+                f"--metrics needs the serve extra ({exc.name} is missing): "
+                "pip install 'mailspool[serve]'"
+            )
+        try:
+            metrics = parse_listen(metrics_at)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+    setup_logging(log_format, log_file=log_file)
+    from spool.serving import serve as run_owner
+
+    def ready(line: str) -> None:
+        click.echo(line)
+        sys.stdout.flush()
+
+    stopped_by = run_owner(
+        directory,
+        workers=count,
+        agent=agent or "",
+        max_use=max_use,
+        attempt_timeout=attempt_timeout,
+        concurrency=concurrency,
+        metrics=metrics,
+        ready=ready,
+    )
+    # Stopped cleanly either way; after Ctrl-C the status says so, as a shell expects.
+    sys.exit(SIGINT_EXIT if stopped_by == signal.SIGINT else 0)
+
+
+@click.command()
+@DIR
+@JSON
+@handle_errors
+def status(directory: str, as_json: bool) -> None:
+    """Show the running owner: pid, uptime, workers, and the spool's counters.
+
+    \b
+    Example:
+      spool status var/spool
+    """
+    require_spool(directory)
+    with connect(directory) as client:
+        info = client.status()
+        counters = attrs.asdict(client.statistics())
+    if as_json:
+        emit_json({**info, "statistics": counters})
+        return
+    click.echo(
+        f"owner: pid {info['pid']}, up {human_age(info['uptime'])}, agent "
+        f"{info['agent'] or '(none: clients claim over the socket)'}"
+    )
+    click.echo(
+        f"workers: {len(info['workers'])}, restarts {info['worker_restarts']}, "
+        f"killed at their lease {info['lease_kills']}"
+    )
+    for w in info["workers"]:
+        pid = "(restarting)" if w["pid"] is None else f"pid {w['pid']}"
+        holding = ", ".join(w["in_flight"]) or "-"
+        click.echo(f"  worker {w['slot']}: {pid}, {w['attempts_done']} attempts, on {holding}")
+    click.echo(
+        "since start: accepted {accepted}, delivered {delivered}, deferred {deferred}, "
+        "failed {failed}, expired {expired} (recipients); {in_flight} in flight; "
+        "{fsyncs} fsyncs".format(**counters)
+    )
