@@ -25,6 +25,7 @@ from spool.cli.common import (
     require_spool,
     running_owner,
     spool_or_owner,
+    working,
 )
 from spool.cli.selection import selection_from, selection_options
 from spool.operator import OperatorAction, not_held
@@ -75,7 +76,7 @@ def run_action(
     if ids is not None and everything:
         raise click.UsageError("give message ids or --all, not both")
     require_spool(directory)
-    with spool_or_owner(directory) as sp:
+    with spool_or_owner(directory) as sp, working(f"{action.value}: walking the queue"):
         result = sp.act(action, ids, where=select if select.given else None, reason=reason)
     refused = dict(result.refused)
     unchanged = list(result.unchanged)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import itertools
 import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -245,6 +247,34 @@ def spool_or_owner(directory: str) -> Spool | Client:
     require_spool(directory)
     client = running_owner(directory)
     return client if client is not None else open_spool(directory)
+
+
+@contextlib.contextmanager
+def working(label: str) -> Iterator[None]:
+    """An elapsed-time spinner on a terminal (standard error) while a walk runs elsewhere
+    (inside the spool or its owner, where no bar can follow it); nothing when piped."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    done = threading.Event()
+    started = time.monotonic()
+
+    def spin() -> None:
+        for frame in itertools.cycle("|/-\\"):
+            if done.wait(0.2):
+                return
+            sys.stderr.write(f"\r{label} {frame} {time.monotonic() - started:.0f}s")
+            sys.stderr.flush()
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        yield
+    finally:
+        done.set()
+        spinner.join()
+        sys.stderr.write("\r\033[K")  # the line cleared: the summary follows alone
+        sys.stderr.flush()
 
 
 def segment_count(directory: str) -> int:

@@ -276,3 +276,39 @@ def test_help_command_and_completion(spool_dir: str) -> None:
     env = {**os.environ, "_SPOOL_COMPLETE": "bash_source"}
     script = subprocess.run([SPOOL_CMD], env=env, capture_output=True, text=True, timeout=60)
     assert script.returncode == 0 and "_spool_completion" in script.stdout
+
+
+def stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """Run the command with standard error on a pseudo-terminal; (status, out, the tty's)."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [SPOOL_CMD, *args], stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the terminal's other end closed: the command is done
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out, _ = proc.communicate(timeout=60)
+    os.close(master)
+    return proc.returncode, out.decode(), seen.decode(errors="replace")
+
+
+def test_long_walks_show_progress_on_a_terminal_and_nothing_when_piped(
+    spool_dir: str, queue: dict[str, str]
+) -> None:
+    for command in ("list", "stats"):
+        code, out, tty = stderr_on_a_terminal(command, spool_dir)
+        assert code == 0 and "reading the log" in tty and "reading the log" not in out
+        piped = spool(command, spool_dir)
+        assert piped.returncode == 0 and piped.stderr == ""
+    code, out, tty = stderr_on_a_terminal("hold", spool_dir, "--all")
+    assert code == 0 and out == "2 messages held, 1 unchanged (nothing to do)\n"
+    assert spool("release", spool_dir, "--all").stderr == ""
