@@ -550,15 +550,11 @@ ID_SECONDS_SLACK = 7 * 86400
 
 
 def _plausible_id(seen: set[str]) -> Callable[[str], bool]:
-    seconds = [int(m[:8], 16) for m in seen if len(m) == 16 and _is_hex(m)]
+    seconds = [int(m[:8], 16) for m in seen if fmt.is_message_id(m)]
     if not seconds:
         return lambda _: True
     lo, hi = min(seconds) - ID_SECONDS_SLACK, max(seconds) + ID_SECONDS_SLACK
     return lambda msg_id: lo <= int(msg_id[:8], 16) <= hi
-
-
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789ABCDEF" for c in text)
 
 
 def _region_bytes(fs: FileSystem, log_dir: str) -> Callable[[Region], bytes]:
@@ -680,7 +676,11 @@ def _body_files(fs: FileSystem, root: str) -> set[str]:
 
 
 def _body_path(fs: FileSystem, root: str, msg_id: str) -> str:
-    """Where the body file of ``msg_id`` is now: incoming/ or bodies/."""
+    """Where the body file of ``msg_id`` is now: incoming/ or bodies/. ``msg_id`` is an id
+    or a name listed there (a stray file is an orphan too); anything else is refused
+    (``ValueError``): an empty name would make the path incoming/ itself."""
+    if msg_id in ("", ".", "..") or "/" in msg_id or "\0" in msg_id:
+        raise ValueError(f"not a body file name: {msg_id!r}")
     staged, settled = body_file_paths(root, msg_id)
     return staged if fs.exists(staged) else settled
 

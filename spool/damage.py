@@ -511,9 +511,18 @@ def single_record(raw: bytes) -> rec.Record | None:
     if ftype in (fmt.T_BODY, fmt.T_PAD):
         return None
     try:
-        return rec.decode(ftype, raw[fmt.FRAME_HEADER_SIZE :])
+        record = rec.decode(ftype, raw[fmt.FRAME_HEADER_SIZE :])
     except rec.RecordError:
         return None
+    target = record.target if isinstance(record, rec.Control) else record.msg_id
+    if not fmt.is_message_id(target):
+        # The damage hit the id itself (a flipped length byte reads it as empty, a flipped
+        # bit as a letter no id has): whose record it was is unknown, so it counts as
+        # records of unknown kind (every message live here a suspect). Trusting it would
+        # restore a message under an id nobody can name, or make a body path of "" (the
+        # incoming/ directory itself).
+        return None
+    return record
 
 
 def _was_padding(raw: bytes) -> bool:

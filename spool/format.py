@@ -7,6 +7,7 @@ Change nothing here without changing that document and the golden tests.
 from __future__ import annotations
 
 import enum
+import re
 import struct
 from typing import Final
 
@@ -95,6 +96,14 @@ assert BODY_HEADER_SIZE == 32
 
 # --- message ids ----------------------------------------------------------------------
 MSG_ID_LENGTH: Final = 16  # hex digits: 8 bytes, 4 of time and 4 of a counter
+_MSG_ID: Final = re.compile(r"[0-9A-F]{16}")
+
+
+def is_message_id(text: str) -> bool:
+    """Whether ``text`` is a message id as the spool makes them (16 upper-case hex
+    digits). Ids read from damaged bytes may be anything (empty, ``/``, NUL): only a
+    well-formed one may name a message or a body file path."""
+    return _MSG_ID.fullmatch(text) is not None
 
 
 def segment_name(number: int) -> str:

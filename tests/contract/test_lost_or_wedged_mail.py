@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -1472,3 +1473,52 @@ def test_a_damaged_replacement_under_a_changed_id_is_its_messages(tmp_path: Path
     seg.write_bytes(bytes(data))
     named, queued = _repair_named(root)
     assert m in named or m in queued  # named: its attempt is finished (R5), or queued
+
+
+def _with_id(data: bytearray, at: int, damaged: str) -> None:
+    """Make the id at ``at`` (after its CBOR length byte, in a first envelope's map) read
+    as ``damaged`` with the record's length unchanged: the frame's CRC no longer checks,
+    but the payload still decodes, as a damaged record may."""
+    assert data[at - 1] == 0x70 and data[at - 5] == 0xA8  # map(8) {"id": text(16) ...
+    if damaged:
+        data[at : at + 16] = damaged.encode("latin-1")
+        return
+    # An empty id and one extra entry {"x": text(13)} of the same 17 bytes: map(9).
+    data[at - 5] = 0xA9
+    data[at - 1 : at + 16] = b"\x60\x61x\x6d" + bytes(data[at : at + 13])
+
+
+@pytest.mark.parametrize("size", [100, 5000], ids=["inline body", "body file"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda m: "",
+        lambda m: m[:14] + "/" + m[15],
+        lambda m: m[:3] + "\x00" + m[4:],
+        lambda m: m[:6] + "g" + m[7:],
+    ],
+    ids=["empty", "slash", "NUL", "letter"],
+)
+def test_a_damaged_envelope_whose_id_is_no_id_is_named_lost(
+    tmp_path: Path, size: int, damage: Callable[[str], str]
+) -> None:
+    # Found by the crash run (seed 9202): damage that still decoded as an envelope, with its
+    # id read as no id at all. The repair restored "its" message under that id, reading
+    # the body file of "" (the incoming/ directory itself): IsADirectoryError, the spool
+    # left half repaired; a NUL or a "/" in the id made other wrong paths.
+    root = tmp_path / "spool"
+    with Spool.open(root, **OPTIONS) as sp:
+        msg = sp.accept("alice@example.org", ["bob@example.net"], b"x" * size)
+        other = sp.accept("alice@example.org", ["carol@example.net"], b"y" * size)
+    seg, offset = _record_offset(root, "envelope")
+    data = bytearray(seg.read_bytes())
+    at = data.index(msg.encode(), offset)
+    _with_id(data, at, damage(msg))
+    seg.write_bytes(bytes(data))
+    proc = run_spool("check", "--repair", str(root))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{msg}: envelope lost" in proc.stdout, proc.stdout
+    assert "after repair: clean" in proc.stdout, proc.stdout
+    assert (root / fmt.INCOMING_DIR).is_dir() and (root / fmt.BODY_DIR).is_dir()
+    with Spool.open(root, outcomes=True, **OPTIONS) as sp:
+        assert [e.msg_id for e in sp.list()] == [other]

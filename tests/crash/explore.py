@@ -350,8 +350,9 @@ def flip_durable_byte(
 
     With ``aim``, one copy in four has its bits in a message id instead (the CBOR length
     byte before it, or its characters): the bytes by which a repair names what the damage
-    cost, which a flip at random hits once in hundreds of copies; and one in eight a burst
-    of four damaged bytes in a row."""
+    cost, which a flip at random hits once in hundreds of copies; one in sixteen an id left
+    legible as no id at all (``_id_made_no_id``); and one in sixteen a burst of four
+    damaged bytes in a row."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -389,6 +390,12 @@ def flip_durable_byte(
             start = aim.choice(ids)  # the length byte; the id's 16 characters follow it
             offsets = sorted({start + aim.randrange(2), start + aim.randrange(1, 17)})
             bits = [aim.randrange(8) for _ in offsets]
+    elif aim is not None and aimed < 0.3125:
+        # An id the damage left legible as no id at all (a NUL, a "/", a lower-case
+        # letter; or empty, the record still decoding): what a repair may make a path of.
+        ids = [m.start() for m in _ID_TEXT.finditer(files[path], 0, limit)]
+        if ids:
+            return _id_made_no_id(state, files, path, aim.choice(ids), aim)
     elif aim is not None and aimed < 0.375 and limit > 4:
         # A burst: one bit in each of four bytes in a row (a bad sector's worth of damage
         # in small), often across the boundary of two frames, which no one bit explains.
@@ -400,3 +407,28 @@ def flip_durable_byte(
         data[at] ^= 1 << bit
     files[path] = bytes(data)
     return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)
+
+
+# Bytes no id holds, for ``_id_made_no_id``: a NUL, a path separator, a lower-case letter.
+_NO_ID_BYTES = b"\x00/g"
+
+
+def _id_made_no_id(
+    state: TreeState, files: dict[str, bytes], path: str, start: int, aim: random.Random
+) -> tuple[TreeState, str, tuple[int, ...]]:
+    """A copy of ``state`` in which the id whose CBOR length byte is at ``start`` reads as
+    no id, the record around it still decoding: one character replaced by a byte no id
+    holds; or, in a record whose map begins with it (``{"id": ...``), the id made empty
+    and its 16 characters an extra entry of the same length (the map one entry longer)."""
+    data = bytearray(files[path])
+    header = start - 4
+    empty = aim.random() < 0.5 and header >= 0 and data[header + 1 : start] == b"bid"
+    if empty and 0xA0 <= data[header] < 0xB7:
+        data[header] += 1
+        data[start : start + 17] = b"\x60\x61x\x6d" + bytes(data[start + 1 : start + 14])
+        files[path] = bytes(data)
+        return TreeState(state.dirs, tuple(sorted(files.items()))), path, (header, start)
+    at = start + 1 + aim.randrange(16)
+    data[at] = aim.choice(_NO_ID_BYTES)
+    files[path] = bytes(data)
+    return TreeState(state.dirs, tuple(sorted(files.items()))), path, (at,)
