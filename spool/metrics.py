@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from prometheus_client import start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from spool.histogram import BATCH_RECORDS_BOUNDS, FSYNC_SECONDS_BOUNDS, cumulative
 from spool.spool import Spool
 
 QUEUE_EVERY: Final = 30.0  # seconds between walks of the live queue
@@ -91,6 +92,15 @@ class SpoolCollector(Collector):
         yield GaugeMetricFamily(
             "spool_records_per_fsync", "Mean records made durable by one fsync since start.",
             value=s.frames_per_fsync_mean,
+        )  # fmt: skip
+        yield HistogramMetricFamily(
+            "spool_fsync_seconds", "Latency of the log writer's fdatasync calls.",
+            buckets=cumulative(FSYNC_SECONDS_BOUNDS, s.fsync_seconds),
+            sum_value=s.fsync_seconds_sum,
+        )  # fmt: skip
+        yield HistogramMetricFamily(
+            "spool_log_batch_records", "Records made durable by one group-commit batch.",
+            buckets=cumulative(BATCH_RECORDS_BOUNDS, s.batch_records), sum_value=s.frames,
         )  # fmt: skip
         yield GaugeMetricFamily(
             "spool_attempts_in_flight", "Delivery attempts open now.", value=s.in_flight

@@ -3,11 +3,18 @@ benchmarks."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 
 from spool.attempts import AttemptBook
 from spool.reader import list_segments
 from spool.state import SpoolState
+
+
+def _counts(values: Iterable[int]) -> tuple[int, ...]:
+    """A histogram's counts as a tuple (they cross the control socket as a list)."""
+    return tuple(values)
 
 
 @attrs.frozen
@@ -32,6 +39,11 @@ class SpoolStatistics:
     deleted: int
     leases_expired: int  # attempts the spool closed past ``attempt_timeout``
     clock_skew: float  # wall clock minus the spool's time: how far it stepped (clock.py)
+    # The log writer's histograms (spool/histogram.py: counts per bucket, the last one above
+    # every bound): fdatasync latency, and records made durable per group-commit batch.
+    fsync_seconds: tuple[int, ...] = attrs.field(default=(), converter=_counts)
+    fsync_seconds_sum: float = 0.0
+    batch_records: tuple[int, ...] = attrs.field(default=(), converter=_counts)
 
 
 def collect_statistics(st: SpoolState, book: AttemptBook) -> SpoolStatistics:
@@ -60,4 +72,7 @@ def collect_statistics(st: SpoolState, book: AttemptBook) -> SpoolStatistics:
             deleted=c["deleted"],
             leases_expired=c["leases_expired"],
             clock_skew=st.time.skew(),
+            fsync_seconds=w.fsync_seconds,
+            fsync_seconds_sum=w.fsync_seconds_sum,
+            batch_records=w.batch_records,
         )

@@ -44,6 +44,7 @@ from spool import format as fmt
 from spool.errors import SpoolClosed, SpoolFailed
 from spool.framing import encode_frame, padding_for
 from spool.fs import FileSystem
+from spool.histogram import BATCH_RECORDS_BOUNDS, FSYNC_SECONDS_BOUNDS, Histogram
 from spool.records import Position
 from spool.segment_header import new_salt, segment_header
 
@@ -70,6 +71,9 @@ class WriterStats:
     frames: int
     bytes_written: int
     segments_created: int
+    fsync_seconds: tuple[int, ...]  # counts per bucket of FSYNC_SECONDS_BOUNDS
+    fsync_seconds_sum: float
+    batch_records: tuple[int, ...]  # counts per bucket of BATCH_RECORDS_BOUNDS
 
 
 class LogWriter:
@@ -115,6 +119,8 @@ class LogWriter:
         self._failed: SpoolFailed | None = None
         self._closed = False
         self._fsyncs = self._batches = self._frames = self._bytes = self._created = 0
+        self._fsync_seconds = Histogram(FSYNC_SECONDS_BOUNDS)
+        self._batch_records = Histogram(BATCH_RECORDS_BOUNDS)
         self._flusher = threading.Thread(target=self._flush_loop, name="spool-flusher", daemon=True)
         self._flusher.start()
 
@@ -205,7 +211,14 @@ class LogWriter:
     def stats(self) -> WriterStats:
         with self._lock:
             return WriterStats(
-                self._fsyncs, self._batches, self._frames, self._bytes, self._created
+                self._fsyncs,
+                self._batches,
+                self._frames,
+                self._bytes,
+                self._created,
+                self._fsync_seconds.snapshot(),
+                self._fsync_seconds.sum,
+                self._batch_records.snapshot(),
             )
 
     def close(self) -> None:
@@ -275,9 +288,10 @@ class LogWriter:
         self._lock.release()
         error: OSError | None = None
         written = 0
+        latencies: list[float] = []
         try:
             for chunk in batch:
-                written += self._write_chunk(chunk)
+                written += self._write_chunk(chunk, latencies)
         except OSError as exc:
             error = exc
         finally:
@@ -292,6 +306,9 @@ class LogWriter:
             raise self._failed
         self._batches += 1
         self._frames += frames
+        self._batch_records.observe(frames)
+        for seconds in latencies:
+            self._fsync_seconds.observe(seconds)
         self._bytes += written
         self._durable = target
         self._cond.notify_all()
@@ -302,8 +319,9 @@ class LogWriter:
             finally:
                 self._lock.acquire()
 
-    def _write_chunk(self, chunk: _Chunk) -> int:
-        """Write one segment's share of a batch and fdatasync it. Lock not held."""
+    def _write_chunk(self, chunk: _Chunk, latencies: list[float]) -> int:
+        """Write one segment's share of a batch and fdatasync it (its latency added to
+        ``latencies``). Lock not held."""
         data = b"".join(chunk.parts)
         new_file = chunk.segment != self._fd_segment
         if new_file:
@@ -321,7 +339,9 @@ class LogWriter:
         # A crash during this write leaves a torn tail in the newest segment (W3), cut off
         # by recovery; nobody waiting on it has been told it is durable (W1).
         self._fs.pwrite(self._fd, data, chunk.offset)
+        started = time.perf_counter()
         self._fs.fdatasync(self._fd)
+        latencies.append(time.perf_counter() - started)
         self._fsyncs += 1
         if new_file:
             # The segment's directory entry must be durable before any frame in it is

@@ -141,6 +141,16 @@ def test_metrics_are_served_in_prometheus_text_format(tmp_path: Path) -> None:
     assert samples["spool_oldest_queued_seconds", ()] >= 0
     assert samples["spool_workers_running", ()] == 0
     assert ("spool_recovery_seconds", ()) in samples
+    # The writer's histograms: every fdatasync timed, every batch sized (the accepts and
+    # the hold were durable, so at least three of each; +Inf counts them all).
+    fsyncs = samples["spool_fsync_seconds_count", ()]
+    assert fsyncs >= 3 and samples["spool_fsync_seconds_bucket", (("le", "+Inf"),)] == fsyncs
+    assert 0 < samples["spool_fsync_seconds_sum", ()] < fsyncs * 60
+    assert samples["spool_fsync_seconds_bucket", (("le", "2.5"),)] <= fsyncs
+    batches = samples["spool_log_batch_records_count", ()]
+    assert batches == samples["spool_log_batches_total", ()] >= 3
+    assert samples["spool_log_batch_records_sum", ()] == samples["spool_log_records_total", ()]
+    assert samples["spool_log_batch_records_bucket", (("le", "1.0"),)] >= 1
 
 
 def test_serve_refuses_a_bad_metrics_address(tmp_path: Path) -> None:

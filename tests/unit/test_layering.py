@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
         "segment_header",
         "protocol",
         "delivery_log",
+        "histogram",
     },
     {"reader", "writer", "positions", "lock", "directory"},
     {
