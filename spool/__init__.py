@@ -1,14 +1,16 @@
 """spool: a crash-only, log-structured mail spool.
 
-The public API is what this module exports: ``Spool.open`` in process, or ``connect`` to a
-running ``spool serve`` with the same calls (``records`` for the records ``show`` returns,
-``Position`` and ``RestartPositions`` for where they are); everything else is internal.
+The public API is what this module exports: ``Spool.open`` in process (``AsyncSpool`` for
+asyncio), or ``connect`` to a running ``spool serve`` with the same calls (``aconnect``);
+``records`` for the records ``show`` returns, ``Position`` and ``RestartPositions`` for
+where they are; everything else is internal.
 See README.md for an embedding example and docs/ for the design, the format and the fault
 model.
 """
 
 from spool import records
 from spool.async_client import AsyncAttempt, AsyncClient, aconnect
+from spool.async_spool import AsyncSpool, AsyncSpoolAttempt
 from spool.client import Client, RemoteAttempt, connect
 from spool.errors import (
     AttemptExpired,
@@ -48,6 +50,8 @@ __all__ = [
     "ActionResult",
     "AsyncAttempt",
     "AsyncClient",
+    "AsyncSpool",
+    "AsyncSpoolAttempt",
     "Attempt",
     "AttemptExpired",
     "BadSpoolDirectory",

@@ -12,12 +12,15 @@ import itertools
 import secrets
 from collections.abc import Iterable
 
+import attrs
+
 from spool import delivery_log
 from spool import format as fmt
 from spool import records as rec
 from spool.addresses import check_recipients, check_sender
 from spool.body_keeping import BodyKeeper, file_blocks
 from spool.errors import InvalidMessage, MessageTooLarge, SpoolMisuse
+from spool.records import Position
 from spool.scheduling import Scheduler, encode_checked
 from spool.state import SpoolState
 
@@ -33,6 +36,15 @@ class Acceptor:
 
     def accept(self, sender: str, recipients: Iterable[str], data: bytes) -> str:
         """``Spool.accept``: the new message's id, once it is durable."""
+        staged = self.stage(sender, recipients, data)
+        self.state.writer.wait_durable(staged.end)  # the commit point of accept
+        return staged.durable()
+
+    def stage(self, sender: str, recipients: Iterable[str], data: bytes) -> StagedAccept:
+        """Everything of ``accept`` but the wait for the log's fsync: checks, the body
+        file (with its own fsyncs), the records queued. The message is acknowledged only
+        once the writer's durable end passes ``end`` (then call ``durable()``); a crash
+        before that may lose it, as a crash inside ``accept`` may."""
         st = self.state
         st.check_process()
         options = st.options
@@ -75,6 +87,20 @@ class Acceptor:
             else:
                 self.bodies.staged[msg_id] = end
             st.counts["accepted"] += 1
-        st.writer.wait_durable(end)  # the commit point of accept
-        delivery_log.accepted(msg_id, sender, len(data), len(rcpts))
-        return msg_id
+        return StagedAccept(msg_id, end, sender, len(data), len(rcpts))
+
+
+@attrs.frozen
+class StagedAccept:
+    """An accepted message whose records are queued: durable once the log is past ``end``."""
+
+    msg_id: str
+    end: Position
+    sender: str
+    size: int
+    recipients: int
+
+    def durable(self) -> str:
+        """Called once the records are durable: the delivery log's line; the id."""
+        delivery_log.accepted(self.msg_id, self.sender, self.size, self.recipients)
+        return self.msg_id

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import attrs
@@ -288,6 +289,17 @@ class AttemptBook:
     def report(self, flight: InFlight, status: str, recipients: Iterable[str], reply: str) -> None:
         """Record ``status`` for ``recipients``; delivered and failed are durable on
         return. Takes the lock (and waits for the fsync outside it)."""
+        end, logged = self.stage_report(flight, status, recipients, reply)
+        if end is not None:
+            self.state.writer.wait_durable(end)  # the commit point of delivered()/failed()
+        logged()
+
+    def stage_report(
+        self, flight: InFlight, status: str, recipients: Iterable[str], reply: str
+    ) -> tuple[Position | None, Callable[[], None]]:
+        """``report`` but the wait: the end the log must be durable past before the report
+        counts as made (None for deferred, which need not wait), and the function that
+        writes its delivery-log lines then."""
         state = self.state
         state.check_process()
         if isinstance(recipients, str | bytes) or not isinstance(recipients, Iterable):
@@ -317,9 +329,9 @@ class AttemptBook:
             else:
                 flight.outcomes.extend(rec.Outcome(r, status, reply, now) for r in rcpts)
             state.counts[status] += len(rcpts)
-        if status != rec.DEFERRED:
-            state.writer.wait_durable(end)  # the commit point of delivered()/failed()
-        self._log(flight, rcpts, status, reply, now)
+        return (None if status == rec.DEFERRED else end), functools.partial(
+            self._log, flight, rcpts, status, reply, now
+        )
 
     def _log(
         self,

@@ -32,6 +32,7 @@ Errors:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -120,6 +121,11 @@ class LogWriter:
         self._closed = False
         self._fsyncs = self._batches = self._frames = self._bytes = self._created = 0
         self._fsync_seconds = Histogram(FSYNC_SECONDS_BOUNDS)
+        # Waiters that must not block (asyncio callers, ``durable_future``): completed by
+        # whichever thread ends the batch that covers them; ``_flush_asked`` makes the
+        # flusher write at once instead of after ``sync_interval``.
+        self._futures: list[tuple[Position, concurrent.futures.Future[None]]] = []
+        self._flush_asked = False
         self._batch_records = Histogram(BATCH_RECORDS_BOUNDS)
         self._flusher = threading.Thread(target=self._flush_loop, name="spool-flusher", daemon=True)
         self._flusher.start()
@@ -201,6 +207,24 @@ class LogWriter:
         with self._lock:
             self._wait_durable_locked(end)
 
+    def durable_future(self, end: Position) -> concurrent.futures.Future[None]:
+        """A future done once every frame before ``end`` is durable (its exception
+        ``SpoolFailed`` or ``SpoolClosed`` if that can no longer happen). Never blocks: the
+        background flusher leads the flush at once, and the frames share it with every
+        other waiter, blocking or not (``asyncio.wrap_future`` makes it awaitable)."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            if self._header_due or self._durable >= end:
+                future.set_result(None)  # nothing appended yet, or already durable
+                return future
+            if self._failed is not None or self._closed:
+                future.set_exception(self._failed or SpoolClosed("the spool is closed"))
+                return future
+            self._futures.append((end, future))
+            self._flush_asked = True
+            self._cond.notify_all()
+        return future
+
     def sync(self) -> Position:
         """Write and fdatasync everything queued; return the durable end."""
         with self._lock:
@@ -231,6 +255,7 @@ class LogWriter:
                     self._wait_durable_locked(self._tail)
             self._closed = True
             self._cond.notify_all()
+            self._end_futures_locked()
         self._flusher.join()
         if self._fd is not None:
             self._fs.close(self._fd)
@@ -283,6 +308,7 @@ class LogWriter:
             self._tail = Position(last.segment, last.offset + last.size)
         batch, self._pending = self._pending, []
         frames, self._pending_frames = self._pending_frames, 0
+        self._flush_asked = False  # asked for again by any waiter this batch misses
         target = self._tail
         self._flushing = True
         self._lock.release()
@@ -303,6 +329,7 @@ class LogWriter:
                 error.errno,
             )
             self._cond.notify_all()
+            self._end_futures_locked()
             raise self._failed
         self._batches += 1
         self._frames += frames
@@ -312,12 +339,26 @@ class LogWriter:
         self._bytes += written
         self._durable = target
         self._cond.notify_all()
+        if self._futures:
+            self._end_futures_locked()
         if self._on_durable is not None:
             self._lock.release()
             try:
                 self._on_durable(target)
             finally:
                 self._lock.acquire()
+
+    def _end_futures_locked(self) -> None:
+        """Complete the ``durable_future`` waiters the durable end now covers (all of them,
+        with the error, once the writer has failed or closed)."""
+        waiting, self._futures = self._futures, []
+        for end, future in waiting:
+            if self._durable >= end:
+                future.set_result(None)
+            elif self._failed is not None or self._closed:
+                future.set_exception(self._failed or SpoolClosed("the spool is closed"))
+            else:
+                self._futures.append((end, future))
 
     def _write_chunk(self, chunk: _Chunk, latencies: list[float]) -> int:
         """Write one segment's share of a batch and fdatasync it (its latency added to
@@ -352,7 +393,8 @@ class LogWriter:
         return len(data)
 
     def _flush_loop(self) -> None:
-        """Background flusher: writes queued non-durable frames every N frames or T s.
+        """Background flusher: writes queued non-durable frames every N frames or T s, and
+        at once when a ``durable_future`` waits for them.
 
         It never holds the lock without waiting: with nothing queued it sleeps until the
         first frame is (``enqueue`` wakes it), and while another thread leads a flush it
@@ -366,6 +408,7 @@ class LogWriter:
                 deadline = time.monotonic() + self._sync_interval
                 while (
                     not self._closed
+                    and not self._flush_asked
                     and self._pending_frames < self._sync_every
                     and (left := deadline - time.monotonic()) > 0
                 ):

@@ -1,5 +1,5 @@
-"""Awaitable calls over the socket, and the docs' aiosmtpd handler answering 250 only after
-``await accept(...)`` returned (docs/serve.md, "asyncio")."""
+"""Awaitable calls over the socket (and in process, AsyncSpool), and the docs' aiosmtpd handler
+answering 250 only after ``await accept(...)`` returned (docs/serve.md, "asyncio")."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.serve.sink import free_port
 class SpoolHandler:
     """The example of docs/serve.md: 250 once the message is durable in the spool."""
 
-    def __init__(self, client: spool.AsyncClient) -> None:
+    def __init__(self, client: spool.AsyncClient | spool.AsyncSpool) -> None:
         self.client = client
 
     async def handle_DATA(self, server: Any, session: Session, envelope: Envelope) -> str:
@@ -64,6 +64,37 @@ def test_an_aiosmtpd_handler_answers_250_after_a_durable_accept(tmp_path: Path) 
             stats = sync_client.statistics()
         client.client.close()  # the controller closed its loop when it stopped
     assert sorted(live) == sorted(ids)
+    assert stats.fsyncs < 64  # concurrent sessions shared fsyncs
+
+
+def test_the_docs_aiosmtpd_handler_works_in_process(tmp_path: Path) -> None:
+    # docs/serve.md's handler, unchanged, on an AsyncSpool: real SMTP sessions, 250 only
+    # after the awaited accept, and the sessions share fsyncs.
+    loop = asyncio.new_event_loop()
+    sp = loop.run_until_complete(spool.AsyncSpool.open(tmp_path / "spool"))
+    port = free_port()
+    handler = SpoolHandler(sp)  # the same awaitable calls as over the socket
+    controller = Controller(handler, hostname="127.0.0.1", port=port, loop=loop)
+    controller.start()
+    try:
+
+        def send(i: int) -> str:
+            with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
+                smtp.ehlo()
+                smtp.mail("a@example.org")
+                smtp.rcpt(f"r{i}@example.net")
+                code, text = smtp.data(f"Subject: {i}\r\n\r\nhello {i}\r\n".encode())
+                assert code == 250, text
+                return text.decode().rsplit(" ", 1)[1]
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            ids = list(pool.map(send, range(64)))
+    finally:
+        controller.stop()
+    stats = sp.spool.statistics()
+    live = {e.msg_id for e in sp.spool.list()}
+    sp.spool.close()
+    assert live == set(ids) and stats.accepted == 64
     assert stats.fsyncs < 64  # concurrent sessions shared fsyncs
 
 

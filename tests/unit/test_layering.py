@@ -63,6 +63,7 @@ LAYERS: list[set[str]] = [
         "agents",
         "metrics",
         "async_client",
+        "async_spool",
     },
     {"__init__"},
     {"check", "cli", "__main__", "analytics"},

@@ -1,0 +1,167 @@
+"""The awaitable in-process calls (``AsyncSpool``): durable on return like the blocking
+forms, sharing one group commit, and never blocking the event loop on an fsync."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from pathlib import Path
+
+import pytest
+
+from spool import AsyncSpool, Spool, SpoolFailed
+from spool.fs import FileSystem
+from spool.testing import FaultFS
+from spool.testing.crashsim import CrashSimulator, RecordingFS
+
+BODY = b"Subject: hello\r\n\r\nhi\r\n"
+
+
+def test_every_accept_that_returned_survives_a_power_cut_right_after(tmp_path: Path) -> None:
+    # Concurrent accepts on one loop; the power is cut the moment the last returned: the
+    # state keeps only what was durable, and every returned id must be in it.
+    fs = RecordingFS(str(tmp_path / "w"))
+
+    async def run() -> tuple[list[str], int]:
+        sp = await AsyncSpool.open(tmp_path / "w" / "spool", fs=fs, inline_body_max=1000)
+        ids = await asyncio.gather(
+            *(sp.accept("a@example.org", [f"r{i}@example.net"], BODY + b"x" * (i * 20))
+              for i in range(100))
+        )  # fmt: skip
+        cut = len(fs.trace)  # power cut here: before close writes anything more
+        await sp.close()
+        return ids, cut
+
+    ids, cut = asyncio.run(run())
+    CrashSimulator(fs.trace).build(cut, []).write(str(tmp_path / "state"))
+    with Spool.open(tmp_path / "state" / "spool") as sp:
+        assert {e.msg_id for e in sp.list()} == set(ids)
+
+
+def test_concurrent_accepts_share_fsyncs(tmp_path: Path) -> None:
+    async def run() -> tuple[int, int]:
+        async with await AsyncSpool.open(tmp_path / "spool") as sp:
+            await asyncio.gather(
+                *(sp.accept("a@example.org", ["b@example.net"], BODY) for _ in range(200))
+            )
+            s = await sp.statistics()
+            return s.accepted, s.batches
+
+    accepted, batches = asyncio.run(run())
+    assert accepted == 200 and batches < 200
+
+
+class SlowSyncFS(FileSystem):
+    """fdatasync takes a quarter of a second: a loop that blocked on it would stall."""
+
+    def fdatasync(self, fd: int) -> None:
+        super().fdatasync(fd)
+        time.sleep(0.25)
+
+
+def test_waiting_for_the_disk_never_blocks_the_event_loop(tmp_path: Path) -> None:
+    async def run() -> int:
+        sp = await AsyncSpool.open(tmp_path / "spool", fs=SlowSyncFS())
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        await sp.accept("a@example.org", ["b@example.net"], BODY)
+        ran = ticks - before
+        done.set()
+        await task
+        await sp.close()
+        return ran
+
+    # A quarter of a second of fsync: the ticker ran meanwhile (a blocked loop: 0 ticks).
+    assert asyncio.run(run()) >= 5
+
+
+def test_a_message_is_claimed_delivered_failed_and_deferred_awaitably(tmp_path: Path) -> None:
+    async def run() -> None:
+        sp = await AsyncSpool.open(tmp_path / "spool", retry_intervals=(3600.0,))
+        assert await sp.claim() is None
+        msg = await sp.accept("a@example.org", ["b@x.example", "c@x.example", "d@x.example"], BODY)
+        attempt = await sp.claim(timeout=5)
+        assert attempt is not None and attempt.msg_id == msg
+        async with attempt:
+            assert await attempt.read_data() == BODY
+            await attempt.delivered(["b@x.example"], "250 ok")
+            await attempt.failed(["c@x.example"], "550 5.1.1 no such user")
+            await attempt.deferred(["d@x.example"], "451 4.4.1 later")
+        assert await sp.claim() is None  # deferred for an hour
+        (entry,) = await sp.list()
+        assert entry.recipients == ("d@x.example",)
+        await sp.close()
+
+    asyncio.run(run())
+    with Spool.open(tmp_path / "spool") as sp:  # what was reported is durable
+        (entry,) = sp.list()
+        assert entry.recipients == ("d@x.example",) and entry.attempts == 1
+
+
+def test_a_waiting_claim_gets_mail_accepted_meanwhile_and_a_body_file(tmp_path: Path) -> None:
+    async def run() -> None:
+        sp = await AsyncSpool.open(tmp_path / "spool", inline_body_max=100)
+        started = asyncio.get_running_loop().time()
+        assert await sp.claim(timeout=0.2) is None
+        assert asyncio.get_running_loop().time() - started >= 0.2
+        big = b"y" * 5000  # its own file: written in a thread
+
+        async def later() -> str:
+            await asyncio.sleep(0.1)
+            return await sp.accept("a@example.org", ["b@example.net"], big)
+
+        accepting = asyncio.create_task(later())
+        attempt = await sp.claim(timeout=10)
+        assert attempt is not None and attempt.msg_id == await accepting
+        async with attempt:
+            assert await attempt.read_data() == big
+            await attempt.delivered(["b@example.net"], "250 ok")
+        await sp.close()
+
+    asyncio.run(run())
+    with Spool.open(tmp_path / "spool") as sp:
+        assert list(sp.list()) == []
+
+
+def test_a_failed_write_fails_the_awaiting_accept(tmp_path: Path) -> None:
+    fs = FaultFS()
+
+    async def run() -> None:
+        sp = await AsyncSpool.open(tmp_path / "spool", fs=fs)
+        await sp.accept("a@example.org", ["b@example.net"], BODY)
+        fs.fail("fdatasync", err=errno.EIO)
+        with pytest.raises(SpoolFailed):
+            await sp.accept("a@example.org", ["c@example.net"], BODY)
+        with pytest.raises(SpoolFailed):  # sticky, as in process
+            await sp.accept("a@example.org", ["d@example.net"], BODY)
+
+    asyncio.run(run())
+
+
+def test_operator_actions_and_bad_input_awaitably(tmp_path: Path) -> None:
+    from spool import InvalidAddress
+
+    async def run() -> None:
+        async with await AsyncSpool.open(tmp_path / "spool") as sp:
+            with pytest.raises(InvalidAddress):
+                await sp.accept("a@example.org", ["not an address"], BODY)
+            msg = await sp.accept("a@example.org", ["b@example.net"], BODY)
+            await sp.hold(msg, "looks odd")
+            assert [e.held for e in await sp.list()] == ["looks odd"]
+            await sp.release(msg)
+            await sp.delete(msg)
+            assert await sp.list() == []
+            await sp.sync()
+
+    asyncio.run(run())
