@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from spool.owner import ControlServer
@@ -36,10 +36,15 @@ def serve(
     attempt_timeout: float,
     concurrency: int = 4,
     metrics: tuple[str, int] | None = None,
+    smtp: Sequence[tuple[str, int]] = (),
+    smtp_hostname: str | None = None,
+    mynetworks: Sequence[str] | None = None,
+    relay_domains: Sequence[str] = (),
     ready: Any = None,
 ) -> int:
     """Run the owner until SIGTERM/SIGINT; return the signal's number (the command exits
-    130 after Ctrl-C, 0 after SIGTERM). ``ready`` is called with the ready line."""
+    130 after Ctrl-C, 0 after SIGTERM). ``ready`` is called with the ready line. ``smtp``
+    listeners accept mail over SMTP in this process (``smtp_in.py``)."""
     stop = threading.Event()
     stopped_by: list[int] = []
 
@@ -79,6 +84,7 @@ def serve(
         directory, agent, workers, max_use, attempt_timeout, server, concurrency
     )
     stop_metrics: Callable[[], None] | None = None
+    front: Any = None
     try:
         if metrics is not None:
             from spool.metrics import serve_metrics
@@ -87,9 +93,22 @@ def serve(
             log.info("metrics on http://%s:%d/metrics", *metrics)
         server.start()
         supervisor.start()
+        if smtp:
+            from spool.async_spool import AsyncSpool
+            from spool.smtp_in import LOOPBACK, SmtpFrontEnd
+
+            front = SmtpFrontEnd(
+                AsyncSpool(sp),
+                smtp,
+                hostname=smtp_hostname,
+                mynetworks=LOOPBACK if mynetworks is None else mynetworks,
+                relay_domains=relay_domains,
+            )
+            front.start()
+        listening = "".join(f", smtp {host}:{port}" for host, port in smtp)
         line = (
             f"spool serve: ready, pid {os.getpid()}, socket {server.path}, "
-            f"{workers} worker{'' if workers == 1 else 's'} ({agent or 'no agent'})"
+            f"{workers} worker{'' if workers == 1 else 's'} ({agent or 'no agent'}){listening}"
         )
         log.info(line.removeprefix("spool serve: "))
         if ready is not None:
@@ -102,6 +121,8 @@ def serve(
         for s in handlers:
             signal.signal(s, signal.SIG_IGN)
     finally:
+        if front is not None:
+            front.stop()  # first: no new mail while the rest stops
         if stop_metrics is not None:
             stop_metrics()
         server.stopping()  # before the workers go: their ends are not crashes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 import sys
 
@@ -21,6 +22,8 @@ from spool.cli.common import (
 )
 from spool.client import connect
 from spool.logs import LOG_FORMATS, setup_logging
+
+SERVE_EXTRA = "pip install 'mailspool[serve]'"
 
 
 @click.command()
@@ -64,6 +67,35 @@ from spool.logs import LOG_FORMATS, setup_logging
     help="Serve Prometheus metrics at http://HOST:PORT/metrics.",
 )
 @click.option(
+    "--smtp",
+    "smtp_at",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="Accept mail over SMTP on HOST:PORT (repeat for more listeners); 250 only once "
+    "the message is durable.",
+)
+@click.option(
+    "--mynetworks",
+    multiple=True,
+    metavar="CIDR",
+    help="Clients that may relay to any domain [default: 127.0.0.0/8 and ::1]; repeat, "
+    "or separate with commas.",
+)
+@click.option(
+    "--relay-domain",
+    "relay_domains",
+    multiple=True,
+    metavar="DOMAIN",
+    help="A domain any client may send to (repeatable); other clients are refused "
+    "(554 5.7.1 Relay access denied).",
+)
+@click.option(
+    "--smtp-hostname",
+    metavar="NAME",
+    help="The name the SMTP listeners greet with and write in Received: [default: the "
+    "host's fully qualified name].",
+)
+@click.option(
     "--log-format",
     type=click.Choice(LOG_FORMATS),
     default="text",
@@ -85,6 +117,10 @@ def serve(
     attempt_timeout: float,
     concurrency: int,
     metrics_at: str | None,
+    smtp_at: tuple[str, ...],
+    mynetworks: tuple[str, ...],
+    relay_domains: tuple[str, ...],
+    smtp_hostname: str | None,
     log_format: str,
     log_file: str | None,
 ) -> None:
@@ -98,6 +134,7 @@ def serve(
     Examples:
       spool serve var/spool --agent demo --workers 2
       spool serve var/spool --agent maildir:/var/mail --workers 4
+      spool serve var/spool --smtp 127.0.0.1:2525 --agent smtp:mail.example.net:25
     """
     count = workers if workers is not None else (2 if agent else 0)
     if count and not agent:
@@ -119,6 +156,7 @@ def serve(
             metrics = parse_listen(metrics_at)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
+    smtp, networks = _smtp_options(smtp_at, mynetworks)
     setup_logging(log_format, log_file=log_file)
     from spool.serving import serve as run_owner
 
@@ -134,10 +172,40 @@ def serve(
         attempt_timeout=attempt_timeout,
         concurrency=concurrency,
         metrics=metrics,
+        smtp=smtp,
+        smtp_hostname=smtp_hostname,
+        mynetworks=networks,
+        relay_domains=relay_domains,
         ready=ready,
     )
     # Stopped cleanly either way; after Ctrl-C the status says so, as a shell expects.
     sys.exit(SIGINT_EXIT if stopped_by == signal.SIGINT else 0)
+
+
+def _smtp_options(
+    smtp_at: tuple[str, ...], mynetworks: tuple[str, ...]
+) -> tuple[list[tuple[str, int]], list[str] | None]:
+    """The SMTP listeners and mynetworks, checked (a usage error names the bad one)."""
+    if not smtp_at:
+        if mynetworks:
+            raise click.UsageError("--mynetworks applies to --smtp listeners: give --smtp")
+        return [], None
+    try:
+        from spool.smtp_in import parse_listen
+    except ImportError as exc:
+        fail(f"--smtp needs the serve extra ({exc.name} is missing): " + SERVE_EXTRA)
+
+    try:
+        smtp = [parse_listen(text) for text in smtp_at]
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    networks = [n.strip() for text in mynetworks for n in text.split(",") if n.strip()]
+    for n in networks:
+        try:
+            ipaddress.ip_network(n, strict=False)
+        except ValueError:
+            raise click.UsageError(f"--mynetworks: {n!r} is not a network (CIDR)") from None
+    return smtp, (networks or None)
 
 
 @click.command()

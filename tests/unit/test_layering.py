@@ -64,6 +64,7 @@ LAYERS: list[set[str]] = [
         "metrics",
         "async_client",
         "async_spool",
+        "smtp_in",
     },
     {"__init__"},
     {"check", "cli", "__main__", "analytics"},

@@ -1,0 +1,249 @@
+"""SMTP in: ``spool serve DIR --smtp HOST:PORT`` accepts mail over SMTP into the spool.
+
+The SMTP protocol is aiosmtpd's (never hand-written); this module is the policy around it,
+as Postfix's smtpd(8) restrictions are around its protocol engine:
+
+- **250 only once durable.** DATA is answered after ``await AsyncSpool.accept`` returned:
+  the message's records are fsynced (concurrent sessions share the group commit).
+- **Relay control.** Clients in ``mynetworks`` (loopback by default) may send to any
+  domain; others only to ``relay_domains`` (none by default): ``554 5.7.1 ... Relay access
+  denied`` at RCPT, so the spool is never an open relay.
+- **Limits, announced and enforced.** ``SIZE`` is the spool's ``max_message_size`` less
+  room for the ``Received:`` header: a larger ``MAIL FROM ... SIZE=`` or DATA gets ``552
+  5.3.4``; recipients past ``max_recipients`` get ``452 4.5.3`` (the client sends the rest
+  in another transaction, RFC 5321 4.5.3.1.10). A recipient given twice is taken once.
+- **Addresses** are the spool's own rules (``addresses.py``): ``501 5.1.7`` for a bad
+  sender, ``501 5.1.3`` for a bad recipient; ``MAIL FROM:<>`` is the null sender.
+- **The spool's errors** as an MTA answers them: ``DiskFull`` ``452 4.3.1`` (try later),
+  a refused message ``554 5.6.0``, a failed or closing spool ``451 4.3.0``.
+- A ``Received:`` header (RFC 5321 4.4) is prepended to every message.
+
+PIPELINING, 8BITMIME and SMTPUTF8 are offered (the spool takes UTF-8 addresses).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import ipaddress
+import logging
+import socket
+from collections.abc import Iterable, Sequence
+from typing import Any, AnyStr, Final
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from spool.addresses import check_mailbox, check_sender, domain_of, mailbox_key
+from spool.async_spool import AsyncSpool
+from spool.errors import (
+    DiskFull,
+    InvalidAddress,
+    InvalidMessage,
+    MessageTooLarge,
+    SpoolClosed,
+    SpoolFailed,
+)
+
+log = logging.getLogger("spool.smtp")
+
+# Room kept under max_message_size for the Received: header this front end prepends.
+RECEIVED_ROOM: Final = 1024
+LOOPBACK: Final = ("127.0.0.0/8", "::1/128")
+
+TOO_BIG: Final = "552 5.3.4 Message size exceeds fixed limit"
+# aiosmtpd's own replies for a message over SIZE, given the enhanced status codes of RFC
+# 3463 as every MTA gives them (its hooks are not called for these).
+_ENHANCED: Final = {
+    "552 Error: message size exceeds fixed maximum message size": TOO_BIG,
+    "552 Error: Too much mail data": TOO_BIG,
+}
+
+
+class _SMTP(SMTP):
+    """aiosmtpd's SMTP with enhanced status codes on the replies it makes itself."""
+
+    async def push(self, status: AnyStr) -> None:
+        if isinstance(status, str):
+            status = _ENHANCED.get(status, status)
+        await super().push(status)
+
+
+class SpoolHandler:
+    """The aiosmtpd handler: relay control, limits, and the durable accept."""
+
+    def __init__(
+        self,
+        spool: AsyncSpool,
+        *,
+        hostname: str,
+        mynetworks: Sequence[str] = LOOPBACK,
+        relay_domains: Iterable[str] = (),
+    ) -> None:
+        self.spool = spool
+        self.hostname = hostname
+        self.mynetworks = [ipaddress.ip_network(n, strict=False) for n in mynetworks]
+        self.relay_domains = {d.lower().rstrip(".") for d in relay_domains}
+        self.max_recipients = spool.spool.options.max_recipients
+
+    def trusted(self, peer: Any) -> bool:
+        """Whether the client's address is in ``mynetworks`` (a Unix socket peer is local)."""
+        if not isinstance(peer, tuple):
+            return True
+        try:
+            address = ipaddress.ip_address(peer[0].split("%")[0])
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in self.mynetworks)
+
+    async def handle_EHLO(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        hostname: str,
+        responses: list[str],
+    ) -> list[str]:
+        session.host_name = hostname
+        # aiosmtpd reads pipelined commands in order; say so (RFC 2920).
+        return [*responses[:-1], "250-PIPELINING", responses[-1]]
+
+    async def handle_MAIL(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        address: str,
+        mail_options: list[str],
+    ) -> str:
+        sender = "" if address == "<>" else address
+        try:
+            check_sender(sender)
+        except InvalidAddress as e:
+            return f"501 5.1.7 Bad sender address syntax ({e.reason})"
+        envelope.mail_from = address  # "<>" for the null sender: aiosmtpd needs it non-empty
+        envelope.mail_options.extend(mail_options)
+        return "250 2.1.0 Ok"
+
+    async def handle_RCPT(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        address: str,
+        rcpt_options: list[str],
+    ) -> str:
+        try:
+            check_mailbox(address)
+        except InvalidAddress as e:
+            return f"501 5.1.3 Bad recipient address syntax ({e.reason})"
+        if not self.trusted(session.peer) and domain_of(address) not in self.relay_domains:
+            return f"554 5.7.1 <{address}>: Relay access denied"
+        key = mailbox_key(address)
+        if any(mailbox_key(r) == key for r in envelope.rcpt_tos):
+            return "250 2.1.5 Ok"  # taken once, as every MTA does
+        if len(envelope.rcpt_tos) >= self.max_recipients:
+            return "452 4.5.3 Too many recipients"
+        envelope.rcpt_tos.append(address)
+        envelope.rcpt_options.extend(rcpt_options)
+        return "250 2.1.5 Ok"
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        data = self.received(session, envelope) + (envelope.original_content or b"")
+        try:
+            sender = "" if envelope.mail_from == "<>" else (envelope.mail_from or "")
+            msg_id = await self.spool.accept(sender, envelope.rcpt_tos, data)
+        except DiskFull:
+            return "452 4.3.1 Insufficient system storage"
+        except MessageTooLarge:
+            return TOO_BIG
+        except InvalidMessage as e:
+            return f"554 5.6.0 Message refused: {e}"
+        except (SpoolFailed, SpoolClosed) as e:
+            log.error("accept failed: %s", e)
+            return "451 4.3.0 Local error in processing, try again later"
+        return f"250 2.0.0 Ok: queued as {msg_id}"
+
+    def received(self, session: Session, envelope: Envelope) -> bytes:
+        """The ``Received:`` header for this message (RFC 5321 4.4), folded."""
+        peer = session.peer
+        ip = peer[0] if isinstance(peer, tuple) else "local"
+        helo = session.host_name or "unknown"
+        protocol = "ESMTP" if session.extended_smtp else "SMTP"
+        if envelope.smtp_utf8:
+            protocol = "UTF8SMTP"
+        rcpt = envelope.rcpt_tos[0] if len(envelope.rcpt_tos) == 1 else None
+        lines = [
+            f"Received: from {helo} ([{ip}])",
+            f"\tby {self.hostname} (spool) with {protocol}",
+            *([f"\tfor <{rcpt}>"] if rcpt else []),
+        ]
+        lines[-1] += f"; {email.utils.formatdate(localtime=True)}"
+        return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:25`` for IPv6) as (host, port); ValueError if it is not."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"give the SMTP address as HOST:PORT, not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+class SmtpFrontEnd:
+    """aiosmtpd listeners on one event loop thread, accepting into ``spool``."""
+
+    def __init__(
+        self,
+        spool: AsyncSpool,
+        listeners: Sequence[tuple[str, int]],
+        *,
+        hostname: str | None = None,
+        mynetworks: Sequence[str] = LOOPBACK,
+        relay_domains: Iterable[str] = (),
+    ) -> None:
+        self.hostname = hostname or socket.getfqdn()
+        self.handler = SpoolHandler(
+            spool, hostname=self.hostname, mynetworks=mynetworks, relay_domains=relay_domains
+        )
+        size = max(1, spool.spool.options.max_message_size - RECEIVED_ROOM)
+        self.controllers = [
+            _Controller(
+                self.handler,
+                hostname=host,
+                port=port,
+                server_hostname=self.hostname,
+                data_size_limit=size,
+                enable_SMTPUTF8=True,
+            )
+            for host, port in listeners
+        ]
+
+    def start(self) -> None:
+        """Bind every listener (``OSError`` if one cannot be: nothing is left listening)."""
+        # aiosmtpd logs every command at INFO ("mail.log"), addresses included: the owner's
+        # log keeps its own lines (the delivery log names each accepted message).
+        logging.getLogger("mail.log").setLevel(logging.WARNING)
+        started: list[_Controller] = []
+        try:
+            for c in self.controllers:
+                c.start()
+                started.append(c)
+                log.info("smtp on %s:%d", c.hostname, c.port)
+        except BaseException:
+            for c in started:
+                c.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop listening; sessions in DATA are cut (their mail was not acknowledged)."""
+        for c in self.controllers:
+            c.stop()
+
+
+class _Controller(Controller):
+    """aiosmtpd's Controller building this module's ``_SMTP``."""
+
+    def factory(self) -> SMTP:
+        return _SMTP(self.handler, **self.SMTP_kwargs)

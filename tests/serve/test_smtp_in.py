@@ -1,0 +1,180 @@
+"""SMTP in (``spool serve --smtp``): real SMTP sessions (smtplib) against a real owner, or
+against the front end in process where a test needs a spool option the command has not."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import smtplib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spool import AsyncSpool, Spool
+from spool.client import connect
+from spool.options import DEFAULT_MAX_MESSAGE_SIZE
+from spool.smtp_in import RECEIVED_ROOM, SmtpFrontEnd
+from tests.serve.running import owner, read
+from tests.serve.sink import free_port, start_sink
+
+MESSAGE = b"Subject: hello\r\nFrom: a@example.org\r\n\r\nhello there\r\n"
+
+
+def session(port: int) -> smtplib.SMTP:
+    smtp = smtplib.SMTP("127.0.0.1", port, timeout=30)
+    smtp.ehlo("client.example.org")
+    return smtp
+
+
+def test_a_relay_takes_mail_in_over_smtp_and_sends_it_on_over_smtp(tmp_path: Path) -> None:
+    # The whole relay: SMTP in, 250 once durable, a worker's smtp agent to the next hop.
+    controller, sink, sink_port = start_sink()
+    d, port = str(tmp_path / "spool"), free_port()
+    try:
+        args = ["--smtp", f"127.0.0.1:{port}", "--agent", f"smtp:127.0.0.1:{sink_port}"]
+        with owner(d, *args, "--workers", "1", "--smtp-hostname", "relay.example.org"):
+
+            def send(i: int) -> str:
+                with session(port) as smtp:
+                    smtp.mail("a@example.org")
+                    smtp.rcpt(f"ok{i}@example.net")
+                    code, text = smtp.data(MESSAGE + b"X-Token: %d\r\n" % i)
+                    assert code == 250 and text.startswith(b"2.0.0 Ok: queued as "), text
+                    return text.decode().rsplit(" ", 1)[1]
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                ids = list(pool.map(send, range(40)))
+            deadline = time.monotonic() + 60
+            while len(sink.received) < 40 and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        controller.stop()
+    assert len(set(ids)) == 40 and len(sink.received) == 40
+    for sender, rcpts, content in sink.received:
+        assert sender == "a@example.org" and len(rcpts) == 1
+        received, _, rest = content.partition(b"\r\n\t")
+        assert received.startswith(b"Received: from client.example.org ([127.0.0.1])")
+        assert rest.startswith(b"by relay.example.org (spool) with ESMTP")
+        assert MESSAGE in content
+    assert f"smtp 127.0.0.1:{port}" in read(d + ".log")
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    d, port = str(tmp_path / "spool"), free_port()
+    with owner(d, "--smtp", f"127.0.0.1:{port}"):
+        yield d, port
+
+
+def test_limits_and_addresses_get_the_replies_an_mta_gives(served: tuple[str, int]) -> None:
+    d, port = served
+    with session(port) as smtp:
+        size = smtp.esmtp_features["size"]
+        assert "pipelining" in smtp.esmtp_features and "smtputf8" in smtp.esmtp_features
+        assert int(size) == DEFAULT_MAX_MESSAGE_SIZE - RECEIVED_ROOM
+        code, text = smtp.mail("a@example.org", [f"SIZE={int(size) + 1}"])
+        assert (code, text[:5]) == (552, b"5.3.4")
+        assert smtp.mail("not an address")[0] == 501
+        code, text = smtp.mail("bad@@example.org")  # refused by aiosmtpd's parser
+        assert (code, text[:5]) == (553, b"5.1.3")
+        code, text = smtp.mail("a..b@example.org")  # parsed, refused by the spool's rules
+        assert (code, text[:5]) == (501, b"5.1.7")
+        assert smtp.mail("<>")[0] == 250  # the null sender: bounces come from it
+        code, text = smtp.rcpt("nobody")
+        assert (code, text[:5]) == (501, b"5.1.3")
+        assert smtp.rcpt("b@example.net")[0] == 250
+        assert smtp.rcpt("b@EXAMPLE.net")[0] == 250  # the same mailbox: taken once
+        code, text = smtp.data((b"x" * 62 + b"\r\n") * (int(size) // 64 + 2))
+        assert (code, text[:5]) == (552, b"5.3.4")
+        smtp.rset()
+        smtp.mail("<>")
+        smtp.rcpt("b@example.net")
+        assert smtp.data(MESSAGE)[0] == 250
+    with connect(d) as client:
+        (entry,) = client.list()
+    assert entry.sender == "" and entry.recipients == ("b@example.net",)
+
+
+def test_a_client_outside_mynetworks_may_only_send_to_relay_domains(tmp_path: Path) -> None:
+    d, port = str(tmp_path / "spool"), free_port()
+    args = ["--smtp", f"127.0.0.1:{port}", "--mynetworks", "192.0.2.0/24"]
+    with owner(d, *args, "--relay-domain", "example.net"), session(port) as smtp:
+        smtp.mail("a@example.org")
+        code, text = smtp.rcpt("b@elsewhere.example")
+        assert code == 554 and text == b"5.7.1 <b@elsewhere.example>: Relay access denied"
+        assert smtp.rcpt("b@example.net")[0] == 250  # a relay domain
+        assert smtp.data(MESSAGE)[0] == 250
+
+
+def test_bad_smtp_options_are_usage_errors(tmp_path: Path) -> None:
+    from tests.serve.test_cli_with_owner import spool_cmd
+
+    d = str(tmp_path / "spool")
+    done = spool_cmd("serve", d, "--smtp", "2525")
+    assert done.returncode == 2 and "HOST:PORT" in done.stderr
+    done = spool_cmd("serve", d, "--smtp", "127.0.0.1:2525", "--mynetworks", "not-a-net")
+    assert done.returncode == 2 and "not a network" in done.stderr
+    done = spool_cmd("serve", d, "--mynetworks", "10.0.0.0/8")
+    assert done.returncode == 2 and "--smtp" in done.stderr
+    assert not (tmp_path / "spool").exists()
+
+
+def test_a_listener_that_cannot_bind_stops_the_owner_with_an_error(tmp_path: Path) -> None:
+    import socket
+
+    from tests.serve.test_cli_with_owner import spool_cmd
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = spool_cmd("serve", str(tmp_path / "spool"), "--smtp", f"127.0.0.1:{port}")
+    assert done.returncode == 1 and "spool:" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "spool" / "control.sock").exists()
+
+
+def _front(sp: Spool) -> tuple[SmtpFrontEnd, int]:
+    port = free_port()
+    front = SmtpFrontEnd(AsyncSpool(sp), [("127.0.0.1", port)], hostname="mx.test")
+    front.start()
+    return front, port
+
+
+def test_a_full_disk_is_452_and_too_many_recipients_452_4_5_3(tmp_path: Path) -> None:
+    sp = Spool.open(tmp_path / "spool", max_recipients=3, min_free_bytes=1 << 40)
+    front, port = _front(sp)
+    try:
+        with session(port) as smtp:
+            smtp.mail("a@example.org")
+            for i in range(3):
+                assert smtp.rcpt(f"r{i}@example.net")[0] == 250
+            code, text = smtp.rcpt("r3@example.net")
+            assert (code, text[:5]) == (452, b"4.5.3")
+            code, text = smtp.data(MESSAGE)
+            assert (code, text[:5]) == (452, b"4.3.1")  # under min_free_bytes: try later
+        assert list(sp.list()) == []
+    finally:
+        front.stop()
+        sp.close()
+
+
+def test_the_announced_size_leaves_room_for_the_received_header(tmp_path: Path) -> None:
+    sp = Spool.open(tmp_path / "spool", max_message_size=4096)
+    front, port = _front(sp)
+    try:
+        with session(port) as smtp:
+            assert int(smtp.esmtp_features["size"]) == 4096 - RECEIVED_ROOM
+            smtp.mail("a@example.org")
+            smtp.rcpt("b@example.net")
+            line = b"x" * 62 + b"\r\n"
+            room = 4096 - RECEIVED_ROOM
+            body = line * (room // 64) + b"y" * (room % 64 - 2)  # the most SIZE allows
+            code, text = smtp.data(body)
+            assert code == 250, text
+        (entry,) = sp.list()
+        assert entry.body_size <= 4096
+    finally:
+        front.stop()
+        sp.close()
