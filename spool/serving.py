@@ -14,11 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from spool.bouncing import Bouncer
+from spool.options import RECORDED
 from spool.owner import ControlServer
 from spool.spool import Spool
 from spool.supervisor import Supervisor
@@ -40,11 +43,14 @@ def serve(
     smtp_hostname: str | None = None,
     mynetworks: Sequence[str] | None = None,
     relay_domains: Sequence[str] = (),
+    bounces: bool = False,
     ready: Any = None,
 ) -> int:
     """Run the owner until SIGTERM/SIGINT; return the signal's number (the command exits
     130 after Ctrl-C, 0 after SIGTERM). ``ready`` is called with the ready line. ``smtp``
-    listeners accept mail over SMTP in this process (``smtp_in.py``)."""
+    listeners accept mail over SMTP in this process (``smtp_in.py``); ``bounces`` turns
+    outcome tracking on (recorded), and a spool that tracks outcomes gets its bounces sent
+    (``bouncing.py``)."""
     stop = threading.Event()
     stopped_by: list[int] = []
 
@@ -54,7 +60,9 @@ def serve(
 
     handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        sp = Spool.open(directory, attempt_timeout=attempt_timeout)
+        sp = Spool.open(
+            directory, attempt_timeout=attempt_timeout, outcomes=True if bounces else RECORDED
+        )
     except BaseException:
         for s, h in handlers.items():
             signal.signal(s, h)
@@ -85,6 +93,7 @@ def serve(
     )
     stop_metrics: Callable[[], None] | None = None
     front: Any = None
+    bouncer: Bouncer | None = None
     try:
         if metrics is not None:
             from spool.metrics import serve_metrics
@@ -105,6 +114,9 @@ def serve(
                 relay_domains=relay_domains,
             )
             front.start()
+        if sp.options.outcomes:
+            bouncer = Bouncer(sp, smtp_hostname or socket.getfqdn())
+            bouncer.start()
         listening = "".join(f", smtp {host}:{port}" for host, port in smtp)
         line = (
             f"spool serve: ready, pid {os.getpid()}, socket {server.path}, "
@@ -123,6 +135,8 @@ def serve(
     finally:
         if front is not None:
             front.stop()  # first: no new mail while the rest stops
+        if bouncer is not None:
+            bouncer.stop()
         if stop_metrics is not None:
             stop_metrics()
         server.stopping()  # before the workers go: their ends are not crashes

@@ -96,6 +96,12 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
     "host's fully qualified name].",
 )
 @click.option(
+    "--bounces",
+    is_flag=True,
+    help="Track outcomes and send each failed or expired recipient's sender an RFC 3464 "
+    "bounce (recorded in the spool: later starts keep sending them).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(LOG_FORMATS),
     default="text",
@@ -121,6 +127,7 @@ def serve(
     mynetworks: tuple[str, ...],
     relay_domains: tuple[str, ...],
     smtp_hostname: str | None,
+    bounces: bool,
     log_format: str,
     log_file: str | None,
 ) -> None:
@@ -176,6 +183,7 @@ def serve(
         smtp_hostname=smtp_hostname,
         mynetworks=networks,
         relay_domains=relay_domains,
+        bounces=bounces,
         ready=ready,
     )
     # Stopped cleanly either way; after Ctrl-C the status says so, as a shell expects.

@@ -178,3 +178,44 @@ def test_the_announced_size_leaves_room_for_the_received_header(tmp_path: Path) 
     finally:
         front.stop()
         sp.close()
+
+
+def test_a_relay_bounces_failed_recipients_to_their_sender_but_never_a_bounce(
+    tmp_path: Path,
+) -> None:
+    # SMTP in, a 550 from the next hop, and the RFC 3464 notice relayed back to the sender
+    # through the same next hop; a message from <> that fails is dropped, not bounced.
+    import email
+    import email.policy
+
+    controller, sink, sink_port = start_sink()
+    d, port = str(tmp_path / "spool"), free_port()
+    try:
+        args = ["--smtp", f"127.0.0.1:{port}", "--agent", f"smtp:127.0.0.1:{sink_port}"]
+        with owner(d, *args, "--bounces", "--smtp-hostname", "relay.example.org"):
+            with session(port) as smtp:
+                smtp.sendmail("a@example.org", ["nouser1@example.net", "ok@example.net"], MESSAGE)
+                smtp.sendmail("<>", ["nouser2@example.net"], MESSAGE)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                len(sink.received) >= 2 and "dropped, never bounced" in read(d + ".log")
+            ):
+                time.sleep(0.05)
+            time.sleep(1)  # time enough for a bounce of the bounce, which must not come
+            with connect(d) as client:
+                left = list(client.list())
+    finally:
+        controller.stop()
+    assert left == []
+    assert [(s, r) for s, r, _ in sink.received] == [
+        ("a@example.org", ("ok@example.net",)),
+        ("<>", ("a@example.org",)),
+    ]
+    notice = email.message_from_bytes(sink.received[1][2], policy=email.policy.default)
+    assert notice.get_content_type() == "multipart/report"
+    (_, block) = list(notice.iter_parts())[1].get_payload()
+    assert block["Final-Recipient"] == "rfc822; nouser1@example.net"
+    assert block["Status"] == "5.1.1" and "no such user" in block["Diagnostic-Code"]
+    assert "MAILER-DAEMON@relay.example.org" in notice["From"]
+    log = read(d + ".log")
+    assert "sender non-delivery notification" in log and "dropped, never bounced" in log

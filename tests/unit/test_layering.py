@@ -51,6 +51,7 @@ LAYERS: list[set[str]] = [
         "accepting",
         "statistics",
         "polling",
+        "dsn",
     },
     {"spool"},
     {
@@ -65,6 +66,7 @@ LAYERS: list[set[str]] = [
         "async_client",
         "async_spool",
         "smtp_in",
+        "bouncing",
     },
     {"__init__"},
     {"check", "cli", "__main__", "analytics"},
