@@ -83,6 +83,16 @@ def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, s
         fd, path = fs.open(settled, os.O_RDONLY), settled  # moved there, or there all along
     try:
         return fs.pread(fd, fs.size(fd), 0), path
+    except IsADirectoryError:
+        if path != staged:
+            raise
+    finally:
+        fs.close(fd)
+    # A directory where the staged file would be is not the body (``spool check`` names
+    # it, the repair moves it aside): the file is the settled one.
+    fd = fs.open(settled, os.O_RDONLY)
+    try:
+        return fs.pread(fd, fs.size(fd), 0), settled
     finally:
         fs.close(fd)
 

@@ -157,6 +157,7 @@ class CheckReport:
     corrections: tuple[tuple[int, int, str], ...] = ()  # (segment, offset, what): one bit
     affected: tuple[Affected, ...] = ()  # what the damage means for each message it touched
     bad_body_files: tuple[str, ...] = ()
+    stray_entries: tuple[str, ...] = ()  # in incoming/ or bodies/, not files ("bodies/X")
     bad_settings: bool = False
     bad_positions: bool = False
     missing_segments: tuple[int, ...] = ()
@@ -330,6 +331,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     ]
     _report_unfinished_repairs(affected, problems, notes)
     affected.extend(_bodies_in_gone_segments(fs, path, walk, segments, problems))
+    stray = _stray_entries(fs, path, problems)
     present = _body_files(fs, path)
     # Body files no live message names and no finish names (those are kept for a bounce):
     # messages whose envelope may have been in the damage.
@@ -385,6 +387,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         corrections=tuple(corrections),
         affected=tuple(affected),
         bad_body_files=tuple(bad_files),
+        stray_entries=tuple(stray),
         bad_settings=bad_settings,
         bad_positions=fs.exists(os.path.join(path, fmt.POSITIONS_NAME)) and positions is None,
         missing_segments=tuple(missing),
@@ -667,12 +670,31 @@ def _check_pairs(scan: SegmentScan, path: str, problems: list[Problem]) -> None:
 
 def _body_files(fs: FileSystem, root: str) -> set[str]:
     """The names of the body files in incoming/ and bodies/ (incoming/ listed first: a
-    file moving from there meanwhile is then seen in bodies/)."""
+    file moving from there meanwhile is then seen in bodies/). Directories are not body
+    files (``_stray_entries``)."""
     names: set[str] = set()
     for sub in (fmt.INCOMING_DIR, fmt.BODY_DIR):
         with contextlib.suppress(FileNotFoundError):
-            names.update(fs.listdir(os.path.join(root, sub)))
+            for name in fs.listdir(os.path.join(root, sub)):
+                if not fs.is_dir(os.path.join(root, sub, name)):
+                    names.add(name)
     return names
+
+
+def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[str]:
+    """Directories in incoming/ or bodies/ (only the spool writes there, and only files):
+    each a problem, moved to corrupt/ by the repair. One named as a live message's id
+    would otherwise stand where its body file is looked for."""
+    found = []
+    for sub in (fmt.INCOMING_DIR, fmt.BODY_DIR):
+        with contextlib.suppress(FileNotFoundError):
+            for name in sorted(fs.listdir(os.path.join(root, sub))):
+                path = os.path.join(root, sub, name)
+                if fs.is_dir(path):
+                    why = "not a body file (a directory): check --repair moves it to corrupt/"
+                    problems.append(Problem(ProblemKind.BODY_FILE, path, 0, why))
+                    found.append(os.path.join(sub, name))
+    return found
 
 
 def _body_path(fs: FileSystem, root: str, msg_id: str) -> str:
@@ -912,6 +934,7 @@ def _needs_repair(report: CheckReport) -> bool:
         report.regions
         or report.corrections
         or report.bad_body_files
+        or report.stray_entries
         or report.orphan_bodies
         or report.bad_settings
         or report.bad_positions
@@ -954,6 +977,13 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
             target = os.path.join(corrupt, f"body.{msg_id}.{stamp}.bad")
             fs.rename(src, target)
             done.append(f"moved the damaged body file {src} to {target}")
+            moved = True
+    for entry in report.stray_entries:
+        src = os.path.join(root, entry)
+        if fs.exists(src):
+            target = os.path.join(corrupt, f"stray.{entry.replace(os.sep, '.')}.{stamp}")
+            fs.rename(src, target)
+            done.append(f"moved {src}, which is not a body file, to {target}")
             moved = True
     for msg_id in report.orphan_bodies:
         src = _body_path(fs, root, msg_id)

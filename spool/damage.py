@@ -279,6 +279,10 @@ def _salt_of(data: bytes, problem: str | None) -> int | None:
     return recover_salt(data)
 
 
+# How many bits of a damaged salt field may differ from the salt the first frame gives.
+SALT_BITS_MAX = 4
+
+
 def recover_salt(data: bytes) -> int | None:
     """The salt of a segment whose header is damaged, or None.
 
@@ -288,7 +292,9 @@ def recover_salt(data: bytes) -> int | None:
     is affine in its starting value and in its last four bytes, so each solution is found
     by elimination over GF(2) (``_solve``), not by search. A candidate counts only if the
     first frame checks with it and, when the file holds one, the second frame too: any
-    single frame checks with *some* salt, two at random with probability 2^-32.
+    single frame checks with *some* salt, two at random with probability 2^-32. A first
+    frame alone (nothing readable after it) confirms its salt when the salt field is within
+    ``SALT_BITS_MAX`` bits of it, or when a valid frame lies further on.
     """
     first = fmt.SEGMENT_HEADER_SIZE
     head = data[: fmt.SEGMENT_HEADER_SIZE]
@@ -313,7 +319,16 @@ def recover_salt(data: bytes) -> int | None:
             return salt
         if salt in (raw, by_header):
             return salt  # the header vouches for it (its CRC, or an intact salt field)
-    for maybe in (int(raw), by_header, 0):
+    if (
+        by_frame is not None
+        and bin(by_frame ^ raw).count("1") <= SALT_BITS_MAX
+        and isinstance(parse_frame(data, first, by_frame), Frame)
+    ):
+        # A lone first frame (a fresh segment's padding, with nothing durable after it)
+        # checks with some salt whatever it is; that salt within a few bits of the salt
+        # field is the field's, damaged (a random salt is that near once in 10^5).
+        return by_frame
+    for maybe in (int(raw), by_header, by_frame, 0):
         # The first frame is damaged too: a valid frame further on confirms a salt.
         if maybe is not None and _resync(data, first, maybe, None) < len(data):
             return maybe
@@ -515,12 +530,13 @@ def single_record(raw: bytes) -> rec.Record | None:
     except rec.RecordError:
         return None
     target = record.target if isinstance(record, rec.Control) else record.msg_id
-    if not fmt.is_message_id(target):
-        # The damage hit the id itself (a flipped length byte reads it as empty, a flipped
-        # bit as a letter no id has): whose record it was is unknown, so it counts as
-        # records of unknown kind (every message live here a suspect). Trusting it would
-        # restore a message under an id nobody can name, or make a body path of "" (the
-        # incoming/ directory itself).
+    if not fmt.is_id_shaped(target):
+        # The damage hit the id's length (a flipped length byte reads it as empty, or as
+        # longer) or left bytes no name holds (NUL, "/"): whose record it was is unknown,
+        # so it counts as records of unknown kind (every message live here a suspect).
+        # An id of 16 characters some of which are no hex digit stays: it still tells
+        # which message it was (within a few characters), but never names one itself
+        # (``Assessment._region``).
         return None
     return record
 
@@ -772,6 +788,12 @@ class Assessment:
         if not region.records_lost:
             return
         target = self.live.get(region.lost_target)
+        if region.lost == _ENVELOPE and not fmt.is_message_id(region.lost_target):
+            # A first envelope whose id the damage left malformed: no message has that id,
+            # and none may be restored under it. Its message is named by its body file
+            # (within four characters: ``_envelopes_lost_with_files``), by its intact BODY
+            # frame, or by its id in the damaged bytes.
+            return
         if region.lost == _ENVELOPE and region.lost_target not in self.finished:
             # Unless a later envelope or finish of the message re-establishes it, this was
             # the envelope that carried it on (a first one; or a replacement that settled an
@@ -779,8 +801,12 @@ class Assessment:
             # named as lost (verdicts).
             self.lost_envelopes_of.setdefault(region.lost_target, region)
             return
-        operator = isinstance(region.record, rec.Control) and (
-            region.record.action in rec.IN_FLIGHT_ACTIONS
+        # A control record an operator wrote on a message in flight (hold, delete, bounce)
+        # must not be lost alone. One known only from a repair's marker (``record`` None:
+        # the marker keeps the kind and the target, not the action) may have been one.
+        operator = region.record is None or (
+            isinstance(region.record, rec.Control)
+            and region.record.action in rec.IN_FLIGHT_ACTIONS
         )
         if region.lost == _FINISH or (region.lost == _CONTROL and not operator):
             # Safe to lose alone: the attempt a finish closed is decided again by recovery
@@ -793,6 +819,10 @@ class Assessment:
             and target is not None
             and not target.started
             and target.envelope_at == started.envelope_at
+            # A start follows the envelope it names in the log: one before it is another
+            # message's whose id and envelope position the damage both hit.
+            and target.envelope_at is not None
+            and target.envelope_at < Position(region.segment, region.start)
         )
         if exact and started is not None and target is not None:
             # The lost start is known exactly and names the message's live envelope: the
@@ -937,19 +967,14 @@ class Assessment:
                 # replacement that was lost from that envelope and the deltas.
                 continue
             out = [a for a in out if a.msg_id != msg_id]  # restoring it settles the rest
-            record = region.record
             queued = flying is not None and not flying.started and flying.envelope_at
-            if (
-                flying is not None
-                and queued
-                and not (
-                    isinstance(record, rec.Envelope) and record.supersedes == flying.envelope_at
-                )
-            ):
-                # Still queued on an envelope the damaged record does not name (the damage
-                # may have hit its id, or what it superseded): restoring it would leave two
-                # live envelopes. The queued one is held instead, as for lost records of
-                # unknown kind: what the lost envelope changed (a hold, say) is unknown.
+            if flying is not None and queued:
+                # Still queued on an earlier envelope: the damaged record replaced it (a hold
+                # or a release of queued mail; one that ended an attempt would leave the
+                # message in flight), or the damage hit its id or what it superseded.
+                # Restoring it would leave two live envelopes, and "in flight" it is not.
+                # The queued one is held instead, as for lost records of unknown kind: what
+                # the lost envelope changed (a hold, say) is unknown, its recipients not.
                 held = flying.envelope is not None and flying.envelope.held is not None
                 out.append(Affected(msg_id, Verdict.RECORDS_LOST, region, True, held))
                 continue

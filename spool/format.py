@@ -99,6 +99,12 @@ MSG_ID_LENGTH: Final = 16  # hex digits: 8 bytes, 4 of time and 4 of a counter
 _MSG_ID: Final = re.compile(r"[0-9A-F]{16}")
 
 
+def is_id_shaped(text: str) -> bool:
+    """Whether ``text`` could be a message id some characters of which are damaged: 16
+    printable ASCII characters, none a ``/`` (so never a path of more than one name)."""
+    return len(text) == MSG_ID_LENGTH and all("!" <= c <= "~" and c != "/" for c in text)
+
+
 def is_message_id(text: str) -> bool:
     """Whether ``text`` is a message id as the spool makes them (16 upper-case hex
     digits). Ids read from damaged bytes may be anything (empty, ``/``, NUL): only a

@@ -520,6 +520,37 @@ def test_repair_recovers_a_damaged_segment_salt(tmp_path: Path, offset: int) -> 
         assert {e.msg_id for e in sp.list()} == set(ids)
 
 
+@pytest.mark.parametrize("salt_byte", [24, 27])
+def test_a_fresh_segment_of_padding_alone_keeps_its_salt_through_header_damage(
+    tmp_path: Path, salt_byte: int
+) -> None:
+    # Found by the crash run (seed 9311, a burst over bytes 21-24): a segment holding only
+    # the padding an open's checkpoint writes (then a sector a crash left unwritten), its
+    # number and its salt field both hit. The padding frame alone checks with some salt
+    # whatever it is, so no salt was confirmed: the whole segment was taken for lost
+    # records and every live message was held.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        ids = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    with Spool.open(root) as sp:
+        # What an open's checkpoint does when its positions must point into a segment that
+        # nothing was appended to yet: the segment, its header and padding, synced.
+        sp._state.writer.create_segment()
+        sp.checkpoint()
+    seg = root / fmt.LOG_DIR / fmt.segment_name(2)
+    assert seg.stat().st_size == fmt.SECTOR  # its header and a PAD frame, nothing else
+    with open(seg, "ab") as f:  # and the file grown by a write that never landed (a crash)
+        f.write(bytes(fmt.SECTOR))
+    _flip(seg, 21, 2)  # the segment number
+    _flip(seg, salt_byte, 5)  # and the salt: the header's CRC no longer gives the salt
+    proc = run_spool("check", "--repair", str(root))
+    assert proc.returncode == 0 and "after repair: clean" in proc.stdout, proc.stdout
+    assert "affected" not in proc.stdout, proc.stdout
+    with Spool.open(root) as sp:
+        entries = list(sp.list())
+    assert {e.msg_id for e in entries} == set(ids) and not any(e.held for e in entries)
+
+
 def test_repair_sets_right_an_envelope_with_one_flipped_bit(tmp_path: Path) -> None:
     # Before: the message was gone, named nowhere, its body file filed as an orphan, and
     # the repair exited 0. One flipped bit is found by its CRC syndrome and put right.
@@ -1496,8 +1527,10 @@ def _with_id(data: bytearray, at: int, damaged: str) -> None:
         lambda m: m[:14] + "/" + m[15],
         lambda m: m[:3] + "\x00" + m[4:],
         lambda m: m[:6] + "g" + m[7:],
+        # Three characters, one of them no hex digit (an adversarial review of the fix).
+        lambda m: chr(ord(m[0]) ^ 1) + m[1:5] + chr(ord(m[5]) ^ 1) + m[6:10] + "@" + m[11:],
     ],
-    ids=["empty", "slash", "NUL", "letter"],
+    ids=["empty", "slash", "NUL", "letter", "three"],
 )
 def test_a_damaged_envelope_whose_id_is_no_id_is_named_lost(
     tmp_path: Path, size: int, damage: Callable[[str], str]
@@ -1522,3 +1555,84 @@ def test_a_damaged_envelope_whose_id_is_no_id_is_named_lost(
     assert (root / fmt.INCOMING_DIR).is_dir() and (root / fmt.BODY_DIR).is_dir()
     with Spool.open(root, outcomes=True, **OPTIONS) as sp:
         assert [e.msg_id for e in sp.list()] == [other]
+
+
+@pytest.mark.parametrize("action", ["delete", "hold"])
+def test_a_damaged_operator_action_in_flight_holds_its_message_after_the_repair(
+    tmp_path: Path, action: str
+) -> None:
+    # Found by an adversarial review: an operator's delete (or hold) of a message in flight
+    # is a control record recovery applies when a crash ends the attempt. Two bits of its
+    # CRC flipped: the check held the message (records possibly lost), but the repair
+    # settled from its second check, where the marker no longer said the control was an
+    # operator's: "safe to lose alone", nothing held, and the deleted message was queued
+    # again and delivered.
+    live, root = tmp_path / "live", tmp_path / "spool"
+    sp = Spool.open(live, inline_body_max=100)
+    x = sp.accept("alice@example.org", ["bob@example.net", "carol@example.net"], b"x" * 500)
+    attempt = sp.claim()
+    assert attempt is not None and attempt.msg_id == x
+    attempt.delivered(["bob@example.net"], "250 ok")
+    getattr(sp, action)(x, "operator: do not deliver")
+    sp.sync()
+    shutil.copytree(live, root)  # a crash here: the attempt is left open
+    attempt.close()
+    sp.close()
+    seg, offset = _record_offset(root, "control")
+    _flip(seg, offset, 0)  # two bits of its stored CRC: beyond a one-bit fix
+    _flip(seg, offset + 1, 0)
+    report = repair_spool(str(root))
+    assert report.after.clean and x in {m for m, _ in report.fates}
+    with Spool.open(root, inline_body_max=100) as sp:
+        (entry,) = sp.list()
+        assert entry.msg_id == x and entry.held and entry.recipients == ("carol@example.net",)
+        assert sp.claim() is None
+
+
+@pytest.mark.parametrize("size", [50, 500], ids=["inline body", "body file"])
+def test_a_damaged_hold_of_queued_mail_leaves_it_held(tmp_path: Path, size: int) -> None:
+    # Found by an adversarial review: the operator's hold of a queued message (a replacement
+    # envelope superseding the queued one), three bits of its sender flipped. The record
+    # still decoded, naming the envelope it superseded, and the repair took the message for
+    # one in flight ("recovery restores it, held"): nothing restored it, and the next claim
+    # handed the held message out.
+    root = tmp_path / "spool"
+    with Spool.open(root, inline_body_max=100) as sp:
+        msg = sp.accept("alice@example.org", ["bob@example.net"], b"n" * size)
+        sp.hold(msg, "do not deliver: the operator is looking at it")
+    seg, offset = _record_offset(root, "envelope", 1)  # the hold's replacement
+    data = bytearray(seg.read_bytes())
+    at = data.index(b"alice", offset)
+    for k in range(3):
+        data[at + k] ^= 0x01  # still decodes, beyond a one-bit fix
+    seg.write_bytes(bytes(data))
+    report = repair_spool(str(root))
+    assert report.after.clean and msg in {m for m, _ in report.fates}
+    with Spool.open(root, inline_body_max=100) as sp:
+        (entry,) = sp.list()
+        assert entry.msg_id == msg and entry.held and entry.recipients == ("bob@example.net",)
+        assert sp.claim() is None
+
+
+@pytest.mark.parametrize("where", [fmt.INCOMING_DIR, fmt.BODY_DIR])
+def test_a_directory_among_the_body_files_is_set_aside_not_a_crash(
+    tmp_path: Path, where: str
+) -> None:
+    # Found by an adversarial review: a directory in incoming/ named as a live message
+    # (whose body file is in bodies/) made check and repair stop with IsADirectoryError,
+    # and the spool could be neither repaired nor opened.
+    root = tmp_path / "spool"
+    with Spool.open(root, inline_body_max=100) as sp:
+        m = sp.accept("alice@example.org", ["bob@example.net"], b"m" * 500)
+    assert (root / fmt.BODY_DIR / m).is_file()
+    os.mkdir(root / where / (m if where == fmt.INCOMING_DIR else "lost+found"))
+    before = check_spool(str(root))
+    assert not before.clean and "not a body file (a directory)" in str(before.problems)
+    proc = run_spool("check", "--repair", str(root))
+    assert "after repair: clean" in proc.stdout and "Traceback" not in proc.stderr, proc.stdout
+    assert sorted(p.name.split(".")[0] for p in (root / fmt.CORRUPT_DIR).iterdir()) == ["stray"]
+    with Spool.open(root, inline_body_max=100) as sp:
+        attempt = sp.claim()
+        assert attempt is not None and attempt.read_data() == b"m" * 500
+        attempt.delivered(["bob@example.net"], "250 ok")
+        attempt.close()
