@@ -805,8 +805,7 @@ class Assessment:
         # must not be lost alone. One known only from a repair's marker (``record`` None:
         # the marker keeps the kind and the target, not the action) may have been one.
         operator = region.record is None or (
-            isinstance(region.record, rec.Control)
-            and region.record.action in rec.IN_FLIGHT_ACTIONS
+            isinstance(region.record, rec.Control) and region.record.action in rec.IN_FLIGHT_ACTIONS
         )
         if region.lost == _FINISH or (region.lost == _CONTROL and not operator):
             # Safe to lose alone: the attempt a finish closed is decided again by recovery
