@@ -9,9 +9,10 @@ as Postfix's smtpd(8) restrictions are around its protocol engine:
   domain; others only to ``relay_domains`` (none by default): ``554 5.7.1 ... Relay access
   denied`` at RCPT, so the spool is never an open relay.
 - **Limits, announced and enforced.** ``SIZE`` is the spool's ``max_message_size`` less
-  room for the ``Received:`` header: a larger ``MAIL FROM ... SIZE=`` or DATA gets ``552
-  5.3.4``; recipients past ``max_recipients`` get ``452 4.5.3`` (the client sends the rest
-  in another transaction, RFC 5321 4.5.3.1.10). A recipient given twice is taken once.
+  the most the ``Received:`` header can take (``received_room``): a larger ``MAIL FROM ...
+  SIZE=`` or DATA gets ``552 5.3.4``; recipients past ``max_recipients`` get ``452
+  4.5.3`` (the client sends the rest in another transaction, RFC 5321 4.5.3.1.10). A
+  recipient given twice is taken once.
 - **Addresses** are the spool's own rules (``addresses.py``): ``501 5.1.7`` for a bad
   sender, ``501 5.1.3`` for a bad recipient; ``MAIL FROM:<>`` is the null sender.
 - **The spool's errors** as an MTA answers them: ``DiskFull`` ``452 4.3.1`` (try later),
@@ -46,9 +47,19 @@ from spool.errors import (
 
 log = logging.getLogger("spool.smtp")
 
-# Room kept under max_message_size for the Received: header this front end prepends.
-RECEIVED_ROOM: Final = 1024
+# The Received: header's variable parts are bounded: the HELO name as written there is cut
+# to HELO_MAX characters, an address is at most 256 octets (RFC 5321 4.5.3.1.3), an IP
+# literal and a date are short. Room for the rest, its fixed words included:
+HELO_MAX: Final = 255
+RECEIVED_FIXED: Final = 512
 LOOPBACK: Final = ("127.0.0.0/8", "::1/128")
+
+
+def received_room(hostname: str) -> int:
+    """The most bytes the ``Received:`` header can take with this host name: what the
+    announced SIZE leaves under the spool's ``max_message_size``."""
+    return RECEIVED_FIXED + HELO_MAX + len(hostname.encode("utf-8"))
+
 
 TOO_BIG: Final = "552 5.3.4 Message size exceeds fixed limit"
 # aiosmtpd's own replies for a message over SIZE, given the enhanced status codes of RFC
@@ -56,6 +67,9 @@ TOO_BIG: Final = "552 5.3.4 Message size exceeds fixed limit"
 _ENHANCED: Final = {
     "552 Error: message size exceeds fixed maximum message size": TOO_BIG,
     "552 Error: Too much mail data": TOO_BIG,
+    "500 Line too long (see RFC5321 4.5.3.1.6)": (
+        "500 5.6.0 Line too long: at most 998 octets a line (RFC 5321 4.5.3.1.6)"
+    ),
 }
 
 
@@ -82,7 +96,8 @@ class SpoolHandler:
         self.spool = spool
         self.hostname = hostname
         self.mynetworks = [ipaddress.ip_network(n, strict=False) for n in mynetworks]
-        self.relay_domains = {d.lower().rstrip(".") for d in relay_domains}
+        # Compared as domain_of() gives a recipient's domain: A-labels, lower case.
+        self.relay_domains = {domain_of("postmaster@" + d.rstrip(".")) for d in relay_domains}
         self.max_recipients = spool.spool.options.max_recipients
 
     def trusted(self, peer: Any) -> bool:
@@ -169,7 +184,7 @@ class SpoolHandler:
         """The ``Received:`` header for this message (RFC 5321 4.4), folded."""
         peer = session.peer
         ip = peer[0] if isinstance(peer, tuple) else "local"
-        helo = session.host_name or "unknown"
+        helo = (session.host_name or "unknown")[:HELO_MAX]
         protocol = "ESMTP" if session.extended_smtp else "SMTP"
         if envelope.smtp_utf8:
             protocol = "UTF8SMTP"
@@ -207,7 +222,10 @@ class SmtpFrontEnd:
         self.handler = SpoolHandler(
             spool, hostname=self.hostname, mynetworks=mynetworks, relay_domains=relay_domains
         )
-        size = max(1, spool.spool.options.max_message_size - RECEIVED_ROOM)
+        self.size_limit = max(
+            1, spool.spool.options.max_message_size - received_room(self.hostname)
+        )
+        size = self.size_limit
         self.controllers = [
             _Controller(
                 self.handler,

@@ -353,12 +353,17 @@ class LogWriter:
         with the error, once the writer has failed or closed)."""
         waiting, self._futures = self._futures, []
         for end, future in waiting:
-            if self._durable >= end:
-                future.set_result(None)
-            elif self._failed is not None or self._closed:
-                future.set_exception(self._failed or SpoolClosed("the spool is closed"))
-            else:
-                self._futures.append((end, future))
+            if future.done():
+                continue  # cancelled by its waiter (an asyncio task cancelled, a timeout)
+            try:
+                if self._durable >= end:
+                    future.set_result(None)
+                elif self._failed is not None or self._closed:
+                    future.set_exception(self._failed or SpoolClosed("the spool is closed"))
+                else:
+                    self._futures.append((end, future))
+            except concurrent.futures.InvalidStateError:
+                pass  # cancelled meanwhile: nobody waits for it any more
 
     def _write_chunk(self, chunk: _Chunk, latencies: list[float]) -> int:
         """Write one segment's share of a batch and fdatasync it (its latency added to

@@ -164,6 +164,7 @@ def serve(
         except ValueError as e:
             raise click.UsageError(str(e)) from None
     smtp, networks = _smtp_options(smtp_at, mynetworks)
+    _check_relay_domains(relay_domains)
     setup_logging(log_format, log_file=log_file)
     from spool.serving import serve as run_owner
 
@@ -214,6 +215,19 @@ def _smtp_options(
         except ValueError:
             raise click.UsageError(f"--mynetworks: {n!r} is not a network (CIDR)") from None
     return smtp, (networks or None)
+
+
+def _check_relay_domains(domains: tuple[str, ...]) -> None:
+    """Each ``--relay-domain`` a domain the spool's address rules take (IDNA2008 for an
+    internationalised one), else a usage error."""
+    from spool.addresses import check_mailbox
+    from spool.errors import InvalidAddress
+
+    for domain in domains:
+        try:
+            check_mailbox("postmaster@" + domain.rstrip("."))
+        except InvalidAddress as e:
+            raise click.UsageError(f"--relay-domain {domain!r}: {e.reason}") from None
 
 
 @click.command()

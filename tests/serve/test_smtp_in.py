@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import smtplib
+import socket as socket_module
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from spool import AsyncSpool, Spool
 from spool.client import connect
 from spool.options import DEFAULT_MAX_MESSAGE_SIZE
-from spool.smtp_in import RECEIVED_ROOM, SmtpFrontEnd
+from spool.smtp_in import SmtpFrontEnd, received_room
 from tests.serve.running import owner, read
 from tests.serve.sink import free_port, start_sink
 
@@ -72,7 +73,7 @@ def test_limits_and_addresses_get_the_replies_an_mta_gives(served: tuple[str, in
     with session(port) as smtp:
         size = smtp.esmtp_features["size"]
         assert "pipelining" in smtp.esmtp_features and "smtputf8" in smtp.esmtp_features
-        assert int(size) == DEFAULT_MAX_MESSAGE_SIZE - RECEIVED_ROOM
+        assert int(size) == DEFAULT_MAX_MESSAGE_SIZE - received_room(socket_module.getfqdn())
         code, text = smtp.mail("a@example.org", [f"SIZE={int(size) + 1}"])
         assert (code, text[:5]) == (552, b"5.3.4")
         assert smtp.mail("not an address")[0] == 501
@@ -165,11 +166,11 @@ def test_the_announced_size_leaves_room_for_the_received_header(tmp_path: Path) 
     front, port = _front(sp)
     try:
         with session(port) as smtp:
-            assert int(smtp.esmtp_features["size"]) == 4096 - RECEIVED_ROOM
+            assert int(smtp.esmtp_features["size"]) == 4096 - received_room("mx.test")
             smtp.mail("a@example.org")
             smtp.rcpt("b@example.net")
             line = b"x" * 62 + b"\r\n"
-            room = 4096 - RECEIVED_ROOM
+            room = 4096 - received_room("mx.test")
             body = line * (room // 64) + b"y" * (room % 64 - 2)  # the most SIZE allows
             code, text = smtp.data(body)
             assert code == 250, text
@@ -219,3 +220,78 @@ def test_a_relay_bounces_failed_recipients_to_their_sender_but_never_a_bounce(
     assert "MAILER-DAEMON@relay.example.org" in notice["From"]
     log = read(d + ".log")
     assert "sender non-delivery notification" in log and "dropped, never bounced" in log
+
+
+def test_a_client_gone_after_the_dot_never_wedges_the_owner(served: tuple[str, int]) -> None:
+    # Found by an adversarial review: a client that closed right after the final dot got
+    # its session's awaited accept cancelled, which killed the log writer's flusher; the
+    # next transaction then waited for ever.
+    import socket
+
+    _d, port = served
+    for i in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.recv(1024)
+            raw.sendall(
+                b"EHLO gone.example\r\nMAIL FROM:<a@example.org>\r\n"
+                b"RCPT TO:<b%d@example.net>\r\nDATA\r\n" % i
+            )
+            time.sleep(0.2)
+            raw.sendall(MESSAGE + b".\r\n")  # and gone, without the reply
+    with session(port) as smtp:
+        smtp.timeout = 20
+        assert smtp.sendmail("a@example.org", ["c@example.net"], MESSAGE) == {}
+
+
+def test_relay_domains_match_in_either_form_and_long_lines_get_an_enhanced_code(
+    tmp_path: Path,
+) -> None:
+    # Found by an adversarial review: a --relay-domain given in Unicode never matched (it
+    # was compared with A-labels); aiosmtpd's long-line reply had no enhanced code.
+    sp = Spool.open(tmp_path / "spool")
+    port = free_port()
+    front = SmtpFrontEnd(
+        AsyncSpool(sp),
+        [("127.0.0.1", port)],
+        hostname="mx.test",
+        mynetworks=["192.0.2.0/24"],  # the test's client is outside: relay control applies
+        relay_domains=["bücher.example"],
+    )
+    front.start()
+    try:
+        with session(port) as smtp:
+            smtp.mail("a@example.org", ["SMTPUTF8"])
+            assert smtp.rcpt("user@bücher.example")[0] == 250
+            assert smtp.rcpt("other@xn--bcher-kva.example")[0] == 250
+            assert smtp.rcpt("user@elsewhere.example")[0] == 554
+            code, text = smtp.data(b"Subject: x\r\n\r\n" + b"y" * 1200 + b"\r\n")
+            assert (code, text[:5]) == (500, b"5.6.0")
+    finally:
+        front.stop()
+        sp.close()
+
+
+def test_a_message_of_the_announced_size_fits_whatever_the_names(tmp_path: Path) -> None:
+    # Found by an adversarial review: a long --smtp-hostname, EHLO name and recipient made
+    # the Received: header outgrow the room kept for it: a message of exactly the
+    # announced SIZE got 552.
+    sp = Spool.open(tmp_path / "spool", max_message_size=20000)
+    port = free_port()
+    hostname = "h" * 60 + "." + "i" * 60 + "." + "j" * 60 + ".example"
+    front = SmtpFrontEnd(AsyncSpool(sp), [("127.0.0.1", port)], hostname=hostname)
+    front.start()
+    try:
+        with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
+            smtp.ehlo("e" * 500)
+            size = int(smtp.esmtp_features["size"])
+            assert size == front.size_limit
+            line = b"x" * 62 + b"\r\n"
+            body = line * (size // 64) + b"y" * (size % 64 - 2)
+            rcpt = "r" * 64 + "@" + "d" * 60 + "." + "e" * 60 + "." + "f" * 60 + ".example"
+            smtp.mail("a@example.org")
+            assert smtp.rcpt(rcpt)[0] == 250
+            code, text = smtp.data(body)
+            assert code == 250, text
+    finally:
+        front.stop()
+        sp.close()

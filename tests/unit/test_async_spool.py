@@ -165,3 +165,36 @@ def test_operator_actions_and_bad_input_awaitably(tmp_path: Path) -> None:
             await sp.sync()
 
     asyncio.run(run())
+
+
+def test_cancelled_waiters_leave_the_writer_and_every_other_caller_working(
+    tmp_path: Path,
+) -> None:
+    # Found by an adversarial review: a cancelled await (a timeout, a client gone) left a
+    # cancelled future in the writer's list; completing it raised InvalidStateError in the
+    # flusher thread, which died: other waiters hung, a blocking accept raised, close too.
+    import threading
+
+    async def run() -> None:
+        sp = await AsyncSpool.open(tmp_path / "spool", fs=SlowSyncFS())
+        waiting = asyncio.create_task(sp.accept("a@example.org", ["b@example.net"], BODY))
+        for i in range(5):  # each cancelled while its fsync runs
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    sp.accept("a@example.org", [f"c{i}@example.net"], BODY), 0.01
+                )
+        assert await asyncio.wait_for(waiting, 10)
+        assert sp.spool._state.writer._flusher.is_alive()
+        blocking: list[str] = []
+        thread = threading.Thread(
+            target=lambda: blocking.append(sp.spool.accept("a@example.org", ["d@x.example"], BODY))
+        )
+        thread.start()
+        await asyncio.wait_for(sp.accept("a@example.org", ["e@example.net"], BODY), 10)
+        await asyncio.to_thread(thread.join, 10)
+        assert len(blocking) == 1
+        await sp.close()
+
+    asyncio.run(run())
+    with Spool.open(tmp_path / "spool") as sp:  # the cancelled accepts were staged: kept
+        assert len(list(sp.list())) == 8
