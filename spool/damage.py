@@ -927,7 +927,17 @@ class Assessment:
         envelope is used up, or the runner of its class would hand it out again."""
         after = [r for r in self.regions if (r.segment, r.start) > envelope_at]
         if after:
-            key = (after[-1].segment, after[-1].start)
+            region = after[-1]
+            key = (region.segment, region.start)
+            if region.lost == _START and key in self.lost_starts:
+                # One START record, already taken for another message's start (its damaged
+                # id and envelope read as that message's): this finish shows it was not.
+                # That message goes back to queued, a suspect (held by the repair).
+                for taken in self.lost_starts.pop(key):
+                    for msg_id, state in self.live.items():
+                        if state.envelope_at == taken and state.started:
+                            state.started = False
+                            self.suspects.setdefault(msg_id, region)
             self.lost_starts.setdefault(key, []).append(envelope_at)
 
     def _reestablished(self, msg_id: str) -> None:

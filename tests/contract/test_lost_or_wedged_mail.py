@@ -1636,3 +1636,52 @@ def test_a_directory_among_the_body_files_is_set_aside_not_a_crash(
         assert attempt is not None and attempt.read_data() == b"m" * 500
         attempt.delivered(["bob@example.net"], "250 ok")
         attempt.close()
+
+
+def _one_bit_apart(a: str, b: str) -> tuple[int, int] | None:
+    pairs = zip(a.encode(), b.encode(), strict=True)
+    diff = [(i, x ^ y) for i, (x, y) in enumerate(pairs) if x != y]
+    return diff[0] if len(diff) == 1 and bin(diff[0][1]).count("1") == 1 else None
+
+
+def test_a_start_that_reads_as_a_queued_neighbours_does_not_wedge_it(tmp_path: Path) -> None:
+    # Found by an adversarial review: two flipped bits in a delivered message's START, one
+    # making its id read as its queued neighbour's (ids one bit apart), one making its
+    # envelope position name the neighbour's envelope. The repair took it for the
+    # neighbour's start, "known exactly", and the marker said the neighbour's envelope was
+    # used up: the neighbour was listed as queued but never handed out, the repair's own
+    # hold of it failed, and repairing again changed nothing.
+    for _ in range(200):
+        root = tmp_path / f"spool{_}"
+        with Spool.open(root, inline_body_max=100) as sp:
+            x = sp.accept("alice@example.org", ["xavier@example.net"], b"x" * 50)  # 1:512
+            d = sp.accept("alice@example.org", ["bob@example.net"], b"d" * 50)  # 1:1024
+            q = sp.accept("alice@example.org", ["erin@example.net"], b"q" * 50)  # 1:1536
+            diff = _one_bit_apart(d, q)
+            if diff is None:
+                continue
+            sp.hold(x, "out of the way")  # so that the claim is d's
+            attempt = sp.claim()
+            assert attempt is not None and attempt.msg_id == d
+            with attempt:
+                attempt.delivered(["bob@example.net"], "250 ok")
+        break
+    else:
+        pytest.skip("no two ids one bit apart in 200 opens")
+    seg, offset = _record_offset(root, "start")
+    data = bytearray(seg.read_bytes())
+    at = data.index(d.encode(), offset)
+    data[at + diff[0]] ^= diff[1]  # the id reads as q's
+    env = data.index(b"cenv", offset) + 4
+    assert data[env : env + 5] == bytes([0x82, 0x01, 0x19, 0x04, 0x00])  # [1, 1024]
+    data[env + 3] ^= 0x02  # [1, 1536]: q's envelope
+    seg.write_bytes(bytes(data))
+    for _run in range(2):
+        assert repair_spool(str(root)).after.clean
+    with Spool.open(root, inline_body_max=100) as sp:
+        entries = {e.msg_id: e for e in sp.list()}
+        assert set(entries) == {x, q} and entries[q].held  # q held for the operator
+        sp.release(q)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == q  # and deliverable once released
+        attempt.close()

@@ -34,7 +34,9 @@ import attrs
 
 from spool import Spool
 from spool import format as fmt
+from spool.framing import Frame, parse_frame
 from spool.positions import decode_positions
+from spool.segment_header import segment_salt
 from spool.testing import FakeClock
 from spool.testing.crashsim import CrashSimulator, RecordingFS, TreeState, Unit
 from tests.crash.contract import (
@@ -351,8 +353,8 @@ def flip_durable_byte(
     With ``aim``, one copy in four has its bits in a message id instead (the CBOR length
     byte before it, or its characters): the bytes by which a repair names what the damage
     cost, which a flip at random hits once in hundreds of copies; one in sixteen an id left
-    legible as no id at all (``_id_made_no_id``); and one in sixteen a burst of four
-    damaged bytes in a row."""
+    legible as no id at all (``_id_made_no_id``); one in sixteen two bits of a record's CRC
+    (``_record_frames``); and one in sixteen a burst of four damaged bytes in a row."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -396,7 +398,17 @@ def flip_durable_byte(
         ids = [m.start() for m in _ID_TEXT.finditer(files[path], 0, limit)]
         if ids:
             return _id_made_no_id(state, files, path, aim.choice(ids), aim)
-    elif aim is not None and aimed < 0.375 and limit > 4:
+    elif aim is not None and aimed < 0.375:
+        # Two bits of a record's CRC, its payload intact: a record that still decodes but
+        # checks with nothing (an operator's action in flight, a hold of queued mail).
+        frames = _record_frames(files[path], limit)
+        if frames:
+            start = aim.choice(frames)
+            offsets = sorted({start + aim.randrange(4), start + aim.randrange(4)})
+            if len(offsets) == 1:
+                offsets.append(start + (offsets[0] - start + 1) % 4)
+            bits = [aim.randrange(8) for _ in offsets]
+    elif aim is not None and aimed < 0.4375 and limit > 4:
         # A burst: one bit in each of four bytes in a row (a bad sector's worth of damage
         # in small), often across the boundary of two frames, which no one bit explains.
         start = aim.randrange(limit - 3)
@@ -432,3 +444,20 @@ def _id_made_no_id(
     data[at] = aim.choice(_NO_ID_BYTES)
     files[path] = bytes(data)
     return TreeState(state.dirs, tuple(sorted(files.items()))), path, (at,)
+
+
+def _record_frames(data: bytes, limit: int) -> list[int]:
+    """Where the record frames (not padding, not bodies) of a segment start, before
+    ``limit``; none if its header does not read."""
+    if len(data) < fmt.SEGMENT_HEADER_SIZE:
+        return []
+    salt = segment_salt(data)
+    found, pos = [], fmt.SEGMENT_HEADER_SIZE
+    while pos < limit:
+        frame = parse_frame(data, pos, salt)
+        if not isinstance(frame, Frame):
+            break
+        if frame.type not in (fmt.T_PAD, fmt.T_BODY) and pos + frame.size <= limit:
+            found.append(pos)
+        pos += frame.size
+    return found
