@@ -44,6 +44,7 @@ def serve(
     mynetworks: Sequence[str] | None = None,
     relay_domains: Sequence[str] = (),
     bounces: bool = False,
+    tls: tuple[str, str] | None = None,
     ready: Any = None,
 ) -> int:
     """Run the owner until SIGTERM/SIGINT; return the signal's number (the command exits
@@ -104,7 +105,7 @@ def serve(
         supervisor.start()
         if smtp:
             from spool.async_spool import AsyncSpool
-            from spool.smtp_in import LOOPBACK, SmtpFrontEnd
+            from spool.smtp_in import LOOPBACK, SmtpFrontEnd, tls_context
 
             front = SmtpFrontEnd(
                 AsyncSpool(sp),
@@ -112,6 +113,7 @@ def serve(
                 hostname=smtp_hostname,
                 mynetworks=LOOPBACK if mynetworks is None else mynetworks,
                 relay_domains=relay_domains,
+                tls=None if tls is None else tls_context(*tls),
             )
             front.start()
         if sp.options.outcomes:

@@ -19,7 +19,8 @@ as Postfix's smtpd(8) restrictions are around its protocol engine:
   a refused message ``554 5.6.0``, a failed or closing spool ``451 4.3.0``.
 - A ``Received:`` header (RFC 5321 4.4) is prepended to every message.
 
-PIPELINING, 8BITMIME and SMTPUTF8 are offered (the spool takes UTF-8 addresses).
+PIPELINING, 8BITMIME and SMTPUTF8 are offered (the spool takes UTF-8 addresses), and
+STARTTLS with a certificate (``--tls-cert``/``--tls-key``), never required.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import email.utils
 import ipaddress
 import logging
 import socket
+import ssl
 from collections.abc import Iterable, Sequence
 from typing import Any, AnyStr, Final
 
@@ -188,6 +190,8 @@ class SpoolHandler:
         protocol = "ESMTP" if session.extended_smtp else "SMTP"
         if envelope.smtp_utf8:
             protocol = "UTF8SMTP"
+        if session.ssl is not None:
+            protocol += "S"  # RFC 3848: ESMTPS, UTF8SMTPS
         rcpt = envelope.rcpt_tos[0] if len(envelope.rcpt_tos) == 1 else None
         lines = [
             f"Received: from {helo} ([{ip}])",
@@ -196,6 +200,14 @@ class SpoolHandler:
         ]
         lines[-1] += f"; {email.utils.formatdate(localtime=True)}"
         return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """The server side of STARTTLS from a PEM certificate (chain) and its key; ``OSError``
+    or ``ssl.SSLError`` if they cannot be read or do not match."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -217,6 +229,7 @@ class SmtpFrontEnd:
         hostname: str | None = None,
         mynetworks: Sequence[str] = LOOPBACK,
         relay_domains: Iterable[str] = (),
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.hostname = hostname or socket.getfqdn()
         self.handler = SpoolHandler(
@@ -234,6 +247,7 @@ class SmtpFrontEnd:
                 server_hostname=self.hostname,
                 data_size_limit=size,
                 enable_SMTPUTF8=True,
+                tls_context=tls,  # STARTTLS offered when given (never required: port 25 rules)
             )
             for host, port in listeners
         ]

@@ -96,6 +96,18 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
     "host's fully qualified name].",
 )
 @click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PEM",
+    help="Offer STARTTLS on the SMTP listeners with this certificate (chain); with --tls-key.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PEM",
+    help="The private key of --tls-cert.",
+)
+@click.option(
     "--bounces",
     is_flag=True,
     help="Track outcomes and send each failed or expired recipient's sender an RFC 3464 "
@@ -127,6 +139,8 @@ def serve(
     mynetworks: tuple[str, ...],
     relay_domains: tuple[str, ...],
     smtp_hostname: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
     bounces: bool,
     log_format: str,
     log_file: str | None,
@@ -165,6 +179,7 @@ def serve(
             raise click.UsageError(str(e)) from None
     smtp, networks = _smtp_options(smtp_at, mynetworks)
     _check_relay_domains(relay_domains)
+    tls = _tls_options(smtp, tls_cert, tls_key)
     setup_logging(log_format, log_file=log_file)
     from spool.serving import serve as run_owner
 
@@ -185,6 +200,7 @@ def serve(
         mynetworks=networks,
         relay_domains=relay_domains,
         bounces=bounces,
+        tls=tls,
         ready=ready,
     )
     # Stopped cleanly either way; after Ctrl-C the status says so, as a shell expects.
@@ -215,6 +231,27 @@ def _smtp_options(
         except ValueError:
             raise click.UsageError(f"--mynetworks: {n!r} is not a network (CIDR)") from None
     return smtp, (networks or None)
+
+
+def _tls_options(
+    smtp: list[tuple[str, int]], cert: str | None, key: str | None
+) -> tuple[str, str] | None:
+    """The certificate and key for STARTTLS, checked now (a usage error names the fault)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise click.UsageError("STARTTLS needs both --tls-cert and --tls-key")
+    if not smtp:
+        raise click.UsageError("--tls-cert and --tls-key apply to --smtp listeners: give --smtp")
+    import ssl
+
+    from spool.smtp_in import tls_context
+
+    try:
+        tls_context(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise click.UsageError(f"--tls-cert/--tls-key: cannot use them ({e})") from None
+    return cert, key
 
 
 def _check_relay_domains(domains: tuple[str, ...]) -> None:

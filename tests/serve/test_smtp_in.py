@@ -295,3 +295,61 @@ def test_a_message_of_the_announced_size_fits_whatever_the_names(tmp_path: Path)
     finally:
         front.stop()
         sp.close()
+
+
+def _self_signed(tmp_path: Path) -> tuple[str, str]:
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=mx.test", "-keyout", key, "-out", cert],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_starttls_is_offered_with_a_certificate_and_marked_in_received(tmp_path: Path) -> None:
+    import ssl
+
+    cert, key = _self_signed(tmp_path)
+    d, port = str(tmp_path / "spool"), free_port()
+    args = ["--smtp", f"127.0.0.1:{port}", "--tls-cert", cert, "--tls-key", key]
+    with owner(d, *args, "--smtp-hostname", "mx.test"):
+        with session(port) as smtp:
+            assert "starttls" in smtp.esmtp_features
+            client = ssl.create_default_context(cafile=cert)
+            client.check_hostname = False  # the certificate names mx.test, not 127.0.0.1
+            smtp.starttls(context=client)
+            smtp.ehlo("client.example.org")
+            assert smtp.sendmail("a@example.org", ["b@example.net"], MESSAGE) == {}
+        with session(port) as smtp:  # STARTTLS offered, never required
+            assert smtp.sendmail("a@example.org", ["c@example.net"], MESSAGE) == {}
+    received = {}
+    with Spool.open(d) as sp:
+        while (attempt := sp.claim()) is not None:
+            with attempt:
+                received[attempt.envelope.recipients[0]] = attempt.read_data().split(b";")[0]
+                attempt.delivered(attempt.envelope.recipients, "250 ok")
+    assert b"by mx.test (spool) with ESMTPS\r\n" in received["b@example.net"]  # RFC 3848
+    assert b"by mx.test (spool) with ESMTP\r\n" in received["c@example.net"]
+
+
+def test_tls_options_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    from tests.serve.test_cli_with_owner import spool_cmd
+
+    cert, key = _self_signed(tmp_path)
+    d = str(tmp_path / "spool")
+    smtp = ["--smtp", "127.0.0.1:2525"]
+    done = spool_cmd("serve", d, *smtp, "--tls-cert", cert)
+    assert done.returncode == 2 and "both --tls-cert and --tls-key" in done.stderr
+    done = spool_cmd("serve", d, "--tls-cert", cert, "--tls-key", key)
+    assert done.returncode == 2 and "give --smtp" in done.stderr
+    done = spool_cmd("serve", d, *smtp, "--tls-cert", key, "--tls-key", key)
+    assert done.returncode == 2 and "cannot use them" in done.stderr
+    done = spool_cmd("serve", d, *smtp, "--relay-domain", "bad..domain")
+    assert done.returncode == 2 and "--relay-domain" in done.stderr
+    assert not (tmp_path / "spool").exists()
