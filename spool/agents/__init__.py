@@ -6,8 +6,9 @@ An agent is an object with ``deliver(envelope, data) -> {recipient: reply}`` and
 delivered, 4 deferred, 5 failed (``status_of``). A recipient the agent leaves out is
 deferred. Each agent's module says how it maps what it sees to replies (docs/serve.md).
 
-Specs: ``demo``, ``maildir:PATH``, ``pipe:COMMAND``, ``smtp:HOST:PORT``,
-``lmtp:HOST:PORT`` or ``lmtp:/path/to/socket``, ``python:MODULE:CALLABLE``.
+Specs: ``demo``, ``maildir:PATH``, ``pipe:COMMAND``, ``smtp:HOST:PORT``, ``routes:PATH``
+(a transport map), ``lmtp:HOST:PORT`` or ``lmtp:/path/to/socket``,
+``python:MODULE:CALLABLE``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ AGENTS = {
     "maildir": "spool.agents.maildir",
     "pipe": "spool.agents.pipe",
     "smtp": "spool.agents.smtp",
+    "routes": "spool.agents.routes",
     "lmtp": "spool.agents.lmtp",
     "python": "spool.agents.python",
 }

@@ -30,8 +30,8 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
 @DIR
 @click.option(
     "--agent",
-    help="Delivery agent of the workers: demo, maildir:PATH, "
-    "pipe:COMMAND, smtp:HOST:PORT, lmtp:HOST:PORT, python:MODULE:CALLABLE.",
+    help="Delivery agent of the workers: demo, maildir:PATH, pipe:COMMAND, smtp:HOST:PORT, "
+    "routes:PATH (a transport map), lmtp:HOST:PORT, python:MODULE:CALLABLE.",
 )
 @click.option(
     "--workers",
