@@ -66,6 +66,8 @@ class SegmentSource:
     segment: int
     newest: int | None  # the newest segment of a live log (where a torn tail may be)
     durable_end: tuple[int, int] | None  # the restart positions' consistent end
+    # A live spool's archive_dir: where the segment is once retired after planning.
+    archive: str | None = None
 
 
 def parse_source(text: str) -> tuple[str, str]:
@@ -135,10 +137,10 @@ def _spool_segments(fs: FileSystem, server: str, root: str, log_dir: str) -> lis
         plan.extend(_archived(server, archive, _segment_numbers(archive), below))
     end = positions.consistent if positions is not None else None
     newest = live[-1] if live else None
+    kept = archive if archive is not None and os.path.isdir(archive) else None
     for seg in live:
-        plan.append(
-            SegmentSource(server, log_dir, seg, newest, (end.segment, end.offset) if end else None)
-        )
+        durable = (end.segment, end.offset) if end else None
+        plan.append(SegmentSource(server, log_dir, seg, newest, durable, kept))
     return plan
 
 
@@ -175,6 +177,13 @@ def segment_rows(
     None)."""
     fs = fs or FileSystem()
     path = os.path.join(source.log_dir, fmt.segment_name(source.segment))
+    if source.archive is not None and not fs.exists(path):
+        # Retired since it was planned, into the archive: complete there, read there.
+        moved = SegmentSource(
+            source.server, source.archive, source.segment, None, (source.segment + 1, 0)
+        )
+        yield from segment_rows(moved, on_damage=on_damage, start=start, stop=stop, fs=fs)
+        return
     if stop is None:
         try:
             stop = fs.file_size(path)  # what is there now: the end, asked once, not per frame

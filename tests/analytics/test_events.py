@@ -139,3 +139,20 @@ def test_the_core_and_the_command_line_import_no_spark() -> None:
 
     code = "import sys, spool, spool.cli; sys.exit('pyspark' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_a_segment_retired_into_the_archive_after_planning_is_read_there(tmp_path: Path) -> None:
+    # A live spool's checkpoint may move a planned segment to its archive before a Spark
+    # task reads it: the rows come from the archive, not silently nothing.
+    root = tmp_path / "mx"
+    with Spool.open(root, clock=FakeClock(), archive_dir="../archive", segment_size=4096) as sp:
+        ids = [
+            sp.accept("a@example.org", ["b@example.net"], b"x" * 300 + b"%d" % n) for n in range(40)
+        ]
+        plan = plan_segments([str(root)])  # while every segment is live
+        deliver_all(sp)
+        sp.checkpoint()  # retires the settled segments into the archive
+    assert any(not (root / fmt.LOG_DIR / fmt.segment_name(s.segment)).exists() for s in plan)
+    rows = [row for s in plan for row in segment_rows(s)]
+    accepted = {r[4] for r in rows if r[KIND] == "accepted"}
+    assert accepted == set(ids)
