@@ -6,8 +6,9 @@ completes when the reply comes (``asyncio.wrap_future``): no thread waits per ca
 thousand SMTP sessions awaiting ``accept`` share one connection and, at the owner, one
 group commit. ``accept`` returns once the message is durable, as in process.
 
-Sending is a plain ``sendall`` on the connection: it returns at once unless the owner
-stopped reading (32 requests of this connection in hand), which is back-pressure.
+The send itself runs in the default executor's threads: it returns at once unless the
+owner stopped reading (32 requests of this connection in hand), and then it is a worker
+thread that waits (back-pressure), never the event loop.
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ class AsyncClient:
         self.client = client
 
     async def _call(self, op: str, **args: Any) -> Any:
-        return await asyncio.wrap_future(self.client._request(op, **args))
+        # The send runs in a worker thread: a socket the owner stops reading (32 requests
+        # of this connection in hand) blocks that thread, never the event loop.
+        sent = await asyncio.to_thread(self.client._request, op, **args)
+        return await asyncio.wrap_future(sent)
 
     async def accept(self, sender: str, recipients: Iterable[str], data: bytes) -> str:
         """The id, once the message is durable (answer 250 then)."""

@@ -26,6 +26,7 @@ Errors:
 
 from __future__ import annotations
 
+import errno
 import os
 
 from crc32c import crc32c
@@ -85,7 +86,7 @@ def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, s
         return fs.pread(fd, fs.size(fd), 0), path
     except IsADirectoryError:
         if path != staged:
-            raise
+            raise FileNotFoundError(errno.ENOENT, "a directory, not a body file", path) from None
     finally:
         fs.close(fd)
     # A directory where the staged file would be is not the body (``spool check`` names
@@ -93,6 +94,8 @@ def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, s
     fd = fs.open(settled, os.O_RDONLY)
     try:
         return fs.pread(fd, fs.size(fd), 0), settled
+    except IsADirectoryError:
+        raise FileNotFoundError(errno.ENOENT, "a directory, not a body file", settled) from None
     finally:
         fs.close(fd)
 

@@ -642,7 +642,7 @@ def replacement(region: Region, salt: int, at: float, copy: str) -> bytes:
     size, which after a first envelope stands for its body (``_set_aside_body``). A records
     region is never that small (``RECORD_FRAME_MIN`` > the last marker's size)."""
     size = region.end - region.start
-    if region.kind is RegionKind.PADDING:
+    if region.kind is RegionKind.PADDING and not region.sup:
         return pad_frame(size, salt)
     target = region.body_of or region.lost_target
     when = int(at)  # an integer time is valid and takes 5 bytes, not 9
@@ -748,6 +748,8 @@ class Assessment:
         self.lost_envelopes: dict[str, Region] = {}
         self.lone_bodies: dict[str, Region] = {}
         self.lost_starts: dict[tuple[int, int], list[Position]] = {}  # region -> envelopes
+        # Regions whose one START was identified exactly, and the envelope it named.
+        self.exact_starts: dict[tuple[int, int], Position] = {}
         self.lost_envelopes_of: dict[str, Region] = {}  # one lost envelope record each
         self.previous: tuple[Position, Frame | Region] | None = None
         # Finished messages with a body file and no outcome acknowledgement (yet): with
@@ -787,6 +789,10 @@ class Assessment:
             self.lost_bodies[pos] = region
         if not region.records_lost:
             return
+        if region.record is None and region.lost == _START and region.sup:
+            # A repair's marker for a start it identified exactly: what it used up is
+            # known (``sup``), nothing else was lost.
+            return
         target = self.live.get(region.lost_target)
         if region.lost == _ENVELOPE and not fmt.is_message_id(region.lost_target):
             # A first envelope whose id the damage left malformed: no message has that id,
@@ -803,8 +809,9 @@ class Assessment:
             return
         # A control record an operator wrote on a message in flight (hold, delete, bounce)
         # must not be lost alone. One known only from a repair's marker (``record`` None:
-        # the marker keeps the kind and the target, not the action) may have been one.
-        operator = region.record is None or (
+        # the marker keeps the kind and the target, not the action) may have been one if
+        # its target is in flight (an outcome acknowledgement's is finished).
+        operator = (region.record is None and target is not None and target.started) or (
             isinstance(region.record, rec.Control) and region.record.action in rec.IN_FLIGHT_ACTIONS
         )
         if region.lost == _FINISH or (region.lost == _CONTROL and not operator):
@@ -830,6 +837,7 @@ class Assessment:
             target.started = True
             key = (region.segment, region.start)
             self.lost_starts.setdefault(key, []).append(started.envelope_at)
+            self.exact_starts[key] = started.envelope_at
             return
         # A lost start endangers the message it started (if that is still unstarted here),
         # a lost delta the attempt it belongs to (if that is in flight here).
@@ -925,19 +933,27 @@ class Assessment:
         """A finish of a message whose live envelope no start named: the start was in
         damage after the envelope. The repair's marker for that damage must say that the
         envelope is used up, or the runner of its class would hand it out again."""
-        after = [r for r in self.regions if (r.segment, r.start) > envelope_at]
+        # The marker of damaged padding is padding again: the note would be lost there.
+        after = [
+            r
+            for r in self.regions
+            if (r.segment, r.start) > envelope_at and r.kind is not RegionKind.PADDING
+        ]
+        after = after or [r for r in self.regions if (r.segment, r.start) > envelope_at]
         if after:
             region = after[-1]
             key = (region.segment, region.start)
-            if region.lost == _START and key in self.lost_starts:
+            taken = self.exact_starts.pop(key, None)
+            if taken is not None:
                 # One START record, already taken for another message's start (its damaged
                 # id and envelope read as that message's): this finish shows it was not.
-                # That message goes back to queued, a suspect (held by the repair).
-                for taken in self.lost_starts.pop(key):
-                    for msg_id, state in self.live.items():
-                        if state.envelope_at == taken and state.started:
-                            state.started = False
-                            self.suspects.setdefault(msg_id, region)
+                # That message goes back to queued, a suspect (held by the repair); the
+                # region's other notes stay.
+                self.lost_starts[key].remove(taken)
+                for msg_id, state in self.live.items():
+                    if state.envelope_at == taken and state.started:
+                        state.started = False
+                        self.suspects.setdefault(msg_id, region)
             self.lost_starts.setdefault(key, []).append(envelope_at)
 
     def _reestablished(self, msg_id: str) -> None:

@@ -122,3 +122,34 @@ def test_awaitable_attempts_and_operator_calls(tmp_path: Path) -> None:
 
     with owner(d):
         asyncio.run(scenario())
+
+
+def test_a_connection_the_owner_stops_reading_never_blocks_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    # The owner reads at most 32 requests of a connection at once: 32 waiting claims
+    # hold its turn, and large accepts sent meanwhile fill the socket. The send used to
+    # run on the event loop, which then stood still until the claims timed out.
+    d = str(tmp_path / "spool")
+    body = b"x" * 400_000
+
+    async def scenario() -> tuple[int, int]:
+        async with await spool.aconnect(d) as client:
+            claims = [asyncio.create_task(client.claim(timeout=3)) for _ in range(32)]
+            await asyncio.sleep(0.2)
+            accepts = [
+                asyncio.create_task(client.accept("a@example.org", [f"r{i}@example.net"], body))
+                for i in range(20)
+            ]
+            ticks, started = 0, asyncio.get_running_loop().time()
+            while asyncio.get_running_loop().time() - started < 1.5:
+                await asyncio.sleep(0.01)
+                ticks += 1
+            ids = await asyncio.gather(*accepts)
+            await asyncio.gather(*claims)
+            return ticks, len(set(ids))
+
+    with owner(d):
+        ticks, accepted = asyncio.run(scenario())
+    assert accepted == 20
+    assert ticks >= 50  # the loop ran all along (blocked, it would tick a handful of times)
