@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SPOOL_DIR ?= var/spool
 
-.PHONY: install java test test-fast test-crash coverage fuzz lint typecheck fmt run report-demo bench bench-quick clean
+.PHONY: install java test test-fast test-crash coverage fuzz lint typecheck fmt run report-demo bench bench-quick bench-relay clean
 
 # The serve and analytics extras (prometheus-client; PySpark, pyarrow, matplotlib) are
 # part of the development install: their tests run in `make test` like every other.
@@ -83,6 +83,11 @@ run: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,serve,bench]'
 	$(BIN)/python -m tools.bench --quick
+
+# spool serve as an SMTP relay against a private Postfix (root; the Postfix peer recipe's
+# directory in SPOOL_POSTFIX_RECIPE, its install.sh run once): docs/performance.md.
+bench-relay: $(STAMP)
+	$(BIN)/python -m tools.bench.relay
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,serve,bench]'
