@@ -83,7 +83,7 @@ class AsyncSpool:
                 if isinstance(found, Attempt):
                     return AsyncSpoolAttempt(self, found)
                 tail = st.writer.tail
-                behind = st.writer.durable < tail and book.scheduler.envelopes_unsynced()
+                behind = st.writer.durable < tail
                 wake = None if found is None else max(0.0, found - st.now())
             if behind and not synced:
                 # Runners read only the durable log (as ``Spool.claim``): flush once.

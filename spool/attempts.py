@@ -184,7 +184,7 @@ class AttemptBook:
                 attempt_or_wake = self.claim_next()
                 if isinstance(attempt_or_wake, Attempt):
                     return attempt_or_wake
-                behind = st.writer.durable < st.writer.tail and self.scheduler.envelopes_unsynced()
+                behind = st.writer.durable < st.writer.tail
                 left = deadline - time.monotonic()
                 # One flush per call is enough for (R1); more would only add fsyncs while
                 # other threads keep appending (later flushes wake this wait anyway).
@@ -196,8 +196,7 @@ class AttemptBook:
                     st.cond.wait(min(left, WAIT_MAX))
                     continue
             # Runners read only the durable log. Replacement envelopes are written without
-            # waiting; when one is pending and nothing else is due, flush them so due mail
-            # is never missed (and only then: ``Scheduler.envelopes_unsynced``).
+            # waiting; when nothing else is due, flush them so due mail is never missed.
             st.writer.sync()
             synced = True
 

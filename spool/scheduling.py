@@ -89,14 +89,6 @@ class Scheduler:
         self.runners[owner].appended()
         self._fresh_envelopes.append((owner, at))
 
-    def envelopes_unsynced(self) -> bool:
-        """Whether an envelope is not yet durable: only then must a claim that found
-        nothing flush the log (runners read the durable log only, and a replacement may
-        be due, now or later). The rest of what waits for the disk (finishes, deltas,
-        starts, acknowledgements) makes nothing claimable: flushing it for every empty
-        claim was an fsync per poll under load."""
-        return bool(self._fresh_envelopes)
-
     def pending_past(self, owner: int, limit: Position) -> int:
         """How many envelopes of runner ``owner`` were appended at or after ``limit`` (only
         not-yet-durable ones are still listed; older ones are behind it)."""

@@ -197,37 +197,6 @@ def test_sixteen_concurrent_durable_accepts_share_fdatasyncs(spool_dir: str) -> 
     assert syncs < 160 / 4, f"{syncs} fdatasyncs for 160 durable accepts"
 
 
-def test_an_empty_claim_flushes_only_when_an_envelope_waits_for_the_disk(
-    spool_dir: str, clock: FakeClock
-) -> None:
-    # Finishes and deltas wait for the disk without making anything claimable: an empty
-    # claim after each used to flush them, one fsync per poll (a sync storm under load).
-    fs = CountingFS()
-    with Spool.open(spool_dir, fs=fs, clock=clock, retry_intervals=(60.0,)) as sp:
-        for n in range(10):
-            sp.accept("alice@example.org", ["bob@example.net"], DATA + b"%d" % n)
-            attempt = sp.claim()
-            assert attempt is not None
-            with attempt:
-                attempt.delivered(["bob@example.net"], "250 ok")  # the finish: not synced
-            before = fs.calls["fdatasync"]
-            assert sp.claim() is None
-            assert fs.calls["fdatasync"] == before  # a finish makes nothing claimable
-        sp.accept("alice@example.org", ["carol@example.net"], DATA)
-        attempt = sp.claim()
-        assert attempt is not None
-        with attempt:
-            attempt.deferred(["carol@example.net"], "451 4.7.1 later")  # a replacement
-        before = fs.calls["fdatasync"]
-        assert sp.claim() is None  # the replacement, due in a minute, is flushed once
-        assert fs.calls["fdatasync"] == before + 1
-        assert sp.claim() is None and fs.calls["fdatasync"] == before + 1
-        clock.advance(61)
-        again = sp.claim()  # due now, and durable: found
-        assert again is not None and again.envelope.recipients == ("carol@example.net",)
-        again.close()
-
-
 def test_second_open_in_the_same_process_is_refused_with_our_pid(sp: Spool) -> None:
     before = tree_snapshot(sp.path)
     with pytest.raises(SpoolLocked) as info:
