@@ -36,6 +36,22 @@ class SpoolHandler:
         return f"250 2.0.0 ok: queued as {msg_id}"
 
 
+def send_64(port: int) -> list[str]:
+    """64 messages over 16 concurrent SMTP sessions; the ids the 250 replies name."""
+
+    def send(i: int) -> str:
+        with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
+            smtp.ehlo()
+            smtp.mail("a@example.org")
+            smtp.rcpt(f"r{i}@example.net")
+            code, text = smtp.data(f"Subject: {i}\r\n\r\nhello {i}\r\n".encode())
+            assert code == 250, text
+            return text.decode().rsplit(" ", 1)[1]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        return list(pool.map(send, range(64)))
+
+
 def test_an_aiosmtpd_handler_answers_250_after_a_durable_accept(tmp_path: Path) -> None:
     d = str(tmp_path / "spool")
     with owner(d):
@@ -45,18 +61,7 @@ def test_an_aiosmtpd_handler_answers_250_after_a_durable_accept(tmp_path: Path) 
         controller = Controller(SpoolHandler(client), hostname="127.0.0.1", port=port, loop=loop)
         controller.start()
         try:
-
-            def send(i: int) -> str:
-                with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
-                    smtp.ehlo()
-                    smtp.mail("a@example.org")
-                    smtp.rcpt(f"r{i}@example.net")
-                    code, text = smtp.data(f"Subject: {i}\r\n\r\nhello {i}\r\n".encode())
-                    assert code == 250, text
-                    return text.decode().rsplit(" ", 1)[1]
-
-            with concurrent.futures.ThreadPoolExecutor(16) as pool:
-                ids = list(pool.map(send, range(64)))
+            ids = send_64(port)
         finally:
             controller.stop()
         with spool.connect(d) as sync_client:
@@ -77,18 +82,7 @@ def test_the_docs_aiosmtpd_handler_works_in_process(tmp_path: Path) -> None:
     controller = Controller(handler, hostname="127.0.0.1", port=port, loop=loop)
     controller.start()
     try:
-
-        def send(i: int) -> str:
-            with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
-                smtp.ehlo()
-                smtp.mail("a@example.org")
-                smtp.rcpt(f"r{i}@example.net")
-                code, text = smtp.data(f"Subject: {i}\r\n\r\nhello {i}\r\n".encode())
-                assert code == 250, text
-                return text.decode().rsplit(" ", 1)[1]
-
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            ids = list(pool.map(send, range(64)))
+        ids = send_64(port)
     finally:
         controller.stop()
     stats = sp.spool.statistics()

@@ -73,14 +73,6 @@ POLL = 0.02
 POSTFIX = "postfix"
 
 
-_RECIPE_DIR = [RECIPE]
-
-
-def _recipe() -> str:
-    """The recipe's directory, as the command line gave it."""
-    return _RECIPE_DIR[0]
-
-
 class BenchError(RuntimeError):
     """A setup step or a trial went wrong; the run stops and cleans up."""
 
@@ -286,7 +278,8 @@ class Sink:
 class Postfix:
     """The recipe's private loopback Postfix instance in a temporary work directory."""
 
-    def __init__(self, work: str, port: int, sink_port: int, timeout: float) -> None:
+    def __init__(self, recipe: str, work: str, port: int, sink_port: int, timeout: float) -> None:
+        self.recipe = recipe
         self.work = work
         self.port = port
         self.timeout = timeout
@@ -299,7 +292,7 @@ class Postfix:
 
     def _script(self, name: str, *args: str) -> str:
         proc = subprocess.run(
-            [os.path.join(_recipe(), name), self.work, *args],
+            [os.path.join(self.recipe, name), self.work, *args],
             capture_output=True,
             text=True,
             timeout=120,
@@ -479,6 +472,7 @@ class Bench:
     def setup_postfix(self) -> None:
         """Configure, start and warm up the Postfix instance."""
         self.postfix = Postfix(
+            self.args.recipe,
             os.path.join(self.scratch, "postfix"),
             self.args.postfix_port,
             self.args.sink_port,
@@ -772,7 +766,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.recipe or not os.path.isfile(os.path.join(args.recipe, "configure.sh")):
         p.error("give the Postfix peer recipe's directory: --recipe DIR or SPOOL_POSTFIX_RECIPE")
-    _RECIPE_DIR[0] = args.recipe
     if os.geteuid() != 0:
         p.error("run as root: the Postfix master starts as root (see the recipe's README)")
     for tool in (SMTP_SOURCE, SMTP_SINK, "/usr/sbin/postfix"):
