@@ -76,28 +76,22 @@ def body_file_paths(root: str, msg_id: str) -> tuple[str, str]:
 
 def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, str]:
     """The whole of ``msg_id``'s body file, unchecked, and its path, wherever it is;
-    ``FileNotFoundError`` if it is in neither place."""
-    staged, settled = body_file_paths(root, msg_id)
-    try:
-        fd, path = fs.open(staged, os.O_RDONLY), staged
-    except FileNotFoundError:
-        fd, path = fs.open(settled, os.O_RDONLY), settled  # moved there, or there all along
-    try:
-        return fs.pread(fd, fs.size(fd), 0), path
-    except IsADirectoryError:
-        if path != staged:
-            raise FileNotFoundError(errno.ENOENT, "a directory, not a body file", path) from None
-    finally:
-        fs.close(fd)
-    # A directory where the staged file would be is not the body (``spool check`` names
-    # it, the repair moves it aside): the file is the settled one.
-    fd = fs.open(settled, os.O_RDONLY)
-    try:
-        return fs.pread(fd, fs.size(fd), 0), settled
-    except IsADirectoryError:
-        raise FileNotFoundError(errno.ENOENT, "a directory, not a body file", settled) from None
-    finally:
-        fs.close(fd)
+    ``FileNotFoundError`` if it is in neither place.
+
+    Only a regular file is a body file: a directory, FIFO or device in either place is
+    passed over as if absent (``spool check`` names it, the repair moves it aside), and
+    none of them is ever waited on (``FileSystem.open`` does not block)."""
+    for path in body_file_paths(root, msg_id):
+        try:
+            fd = fs.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # not staged (or moved on to bodies/ meanwhile), or not there at all
+        try:
+            if fs.is_file(fd):
+                return fs.pread(fd, fs.size(fd), 0), path
+        finally:
+            fs.close(fd)
+    raise FileNotFoundError(errno.ENOENT, "no body file", body_file_paths(root, msg_id)[1])
 
 
 def read_body_file(fs: FileSystem, root: str, msg_id: str) -> bytes:

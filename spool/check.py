@@ -57,6 +57,7 @@ import contextlib
 import enum
 import itertools
 import os
+import stat
 import time
 from collections.abc import Callable
 
@@ -128,6 +129,7 @@ class ProblemKind(enum.Enum):
     SETTINGS = "settings file"
     POSITIONS = "restart positions"
     RECOVERY_REFUSES = "recovery refuses"
+    START_LOST = "a start lost to damage"  # its envelope used up, and nothing says so yet
 
 
 @attrs.frozen
@@ -163,6 +165,7 @@ class CheckReport:
     missing_segments: tuple[int, ...] = ()
     retired_segments: tuple[int, ...] = ()  # behind the durable garbage front
     durable_end: Position | None = None  # the positions' consistent end when the check began
+    used_up: tuple[Position, ...] = ()  # envelopes lost starts used up, not yet noted
     changing: bool = False  # the spool changed under every pass (an owner is running)
     uncertain: tuple[Problem, ...] = ()  # findings a running owner's writes may explain
 
@@ -326,9 +329,19 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     bad_files = _check_bodies(fs, path, walk, problems)
     walk.bad_files = set(bad_files)
     affected = walk.verdicts()
-    regions = [
-        attrs.evolve(r, sup=tuple(walk.lost_starts.get((r.segment, r.start), ()))) for r in regions
-    ]
+    regions = [_as_noted(walk, r) for r in regions]
+    used_up = walk.unnoted()
+    for at in used_up:
+        problems.append(
+            Problem(
+                ProblemKind.START_LOST,
+                _segment_path(log_dir, at.segment),
+                at.offset,
+                "this envelope's message finished after a start lost to damage, and nothing "
+                "says the envelope is used up (it would be handed out again): check --repair "
+                "notes it",
+            )
+        )
     _report_unfinished_repairs(affected, problems, notes)
     affected.extend(_bodies_in_gone_segments(fs, path, walk, segments, problems))
     stray = _stray_entries(fs, path, problems)
@@ -393,7 +406,19 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         missing_segments=tuple(missing),
         retired_segments=retired,
         durable_end=positions.consistent if positions is not None else None,
+        used_up=tuple(used_up),
     )
+
+
+def _as_noted(walk: Assessment, region: Region) -> Region:
+    """``region`` as the repair's marker must describe it: with the envelope its START,
+    known exactly, used up (``sup``); or as records of unknown kind where its one record
+    decoded as an operator's action in flight on no message in flight here (``record`` is
+    gone from the marker, and a later check would take it for a record safe to lose)."""
+    key = (region.segment, region.start)
+    if key in walk.unknown_operator:
+        return attrs.evolve(region, lost="", lost_target="")
+    return attrs.evolve(region, sup=tuple(walk.lost_starts.get(key, ())))
 
 
 def _with_kept_record(fs: FileSystem, root: str, marker: Region) -> Region:
@@ -670,31 +695,55 @@ def _check_pairs(scan: SegmentScan, path: str, problems: list[Problem]) -> None:
 
 def _body_files(fs: FileSystem, root: str) -> set[str]:
     """The names of the body files in incoming/ and bodies/ (incoming/ listed first: a
-    file moving from there meanwhile is then seen in bodies/). Directories are not body
+    file moving from there meanwhile is then seen in bodies/). Only regular files are body
     files (``_stray_entries``)."""
     names: set[str] = set()
     for sub in (fmt.INCOMING_DIR, fmt.BODY_DIR):
         with contextlib.suppress(FileNotFoundError):
             for name in fs.listdir(os.path.join(root, sub)):
-                if not fs.is_dir(os.path.join(root, sub, name)):
+                if _entry_kind(fs, os.path.join(root, sub, name)) in (_FILE, _GONE):
                     names.add(name)
     return names
 
 
 def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[str]:
-    """Directories in incoming/ or bodies/ (only the spool writes there, and only files):
-    each a problem, moved to corrupt/ by the repair. One named as a live message's id
-    would otherwise stand where its body file is looked for."""
+    """Entries in incoming/ or bodies/ that are not regular files: directories, FIFOs,
+    devices, sockets, broken links (only the spool writes there, and only files). Each is
+    a problem, moved to corrupt/ by the repair: one named as a live message's id would
+    otherwise stand where its body file is looked for."""
     found = []
     for sub in (fmt.INCOMING_DIR, fmt.BODY_DIR):
         with contextlib.suppress(FileNotFoundError):
             for name in sorted(fs.listdir(os.path.join(root, sub))):
                 path = os.path.join(root, sub, name)
-                if fs.is_dir(path):
-                    why = "not a body file (a directory): check --repair moves it to corrupt/"
+                kind = _entry_kind(fs, path)
+                if kind not in (_FILE, _GONE):
+                    why = f"not a body file ({kind}): check --repair moves it to corrupt/"
                     problems.append(Problem(ProblemKind.BODY_FILE, path, 0, why))
                     found.append(os.path.join(sub, name))
     return found
+
+
+_FILE, _GONE = "file", "gone"
+
+
+def _entry_kind(fs: FileSystem, path: str) -> str:
+    """A regular file (a symbolic link to one counts), gone since the listing (an owner
+    moved or removed it; a broken link reads the same, and is then a missing body file),
+    or what else it is ("a directory", "a FIFO", ...). ``stat`` never blocks on a FIFO."""
+    try:
+        mode = fs.stat(path).st_mode
+    except FileNotFoundError:
+        return _GONE
+    if stat.S_ISREG(mode):
+        return _FILE
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
 
 
 def _body_path(fs: FileSystem, root: str, msg_id: str) -> str:
@@ -886,7 +935,7 @@ def repair_spool(path: str, fs: FileSystem | None = None) -> RepairReport:
             # files of the messages still to restore, which nothing else names.
             _positions_aside(fs, path, before)
             before = check_spool(path, fs)
-        if _needs_repair(before) or before.affected:
+        if _needs_repair(before) or before.affected or before.used_up:
             # (X0) Durable before the first change: until the last settlement below, no
             # open but the repair's own serves the spool (a crash leaves it for the rerun).
             write_file_durably(fs, flag, f"{os.getpid()}\n".encode())
@@ -897,7 +946,8 @@ def repair_spool(path: str, fs: FileSystem | None = None) -> RepairReport:
         marked = check_spool(path, fs) if actions else before
     finally:
         owner.release()
-    fates = _settle_affected(path, marked, before, fs) if marked.affected else []
+    settle = marked.affected or marked.used_up
+    fates = _settle_affected(path, marked, before, fs) if settle else []
     settled = {msg_id for msg_id, _fate in fates}
     fates += [  # named before the rewrite only: nothing of them left to settle
         (a.msg_id, f"{a.verdict.value} at {a.region}: {a.detail or 'nothing left to settle'}")
@@ -982,6 +1032,9 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
         src = os.path.join(root, entry)
         if fs.exists(src):
             target = os.path.join(corrupt, f"stray.{entry.replace(os.sep, '.')}.{stamp}")
+            # A crash before the rename leaves the stray entry where it was (the next check
+            # names it again); after it, in corrupt/. No mail is in it either way: only
+            # files are body files.
             fs.rename(src, target)
             done.append(f"moved {src}, which is not a body file, to {target}")
             moved = True
@@ -1138,6 +1191,10 @@ def _settle_affected(
     restore = {a.msg_id: a for a in before.affected if a.verdict is Verdict.ENVELOPE_DAMAGED}
     fates: list[tuple[str, str]] = []
     with Spool._open_for_repair(path, fs) as sp:
+        if report.used_up:
+            # First: no claim may hand out what a lost start used up. Durable on return;
+            # a crash before it leaves the repair's flag, and the rerun notes it again.
+            sp._desk.note_used_up(report.used_up)
         for a in report.affected:
             if a.msg_id in restore:
                 fates.append((a.msg_id, _restore_one(sp, path, restore.pop(a.msg_id))))

@@ -747,9 +747,19 @@ class Assessment:
         self.suspects: dict[str, Region] = {}
         self.lost_envelopes: dict[str, Region] = {}
         self.lone_bodies: dict[str, Region] = {}
-        self.lost_starts: dict[tuple[int, int], list[Position]] = {}  # region -> envelopes
-        # Regions whose one START was identified exactly, and the envelope it named.
+        # Regions whose one START was identified exactly, and the envelope it named (the
+        # repair's marker carries it: ``lost_starts``, by region).
         self.exact_starts: dict[tuple[int, int], Position] = {}
+        self.lost_starts: dict[tuple[int, int], list[Position]] = {}
+        # Envelopes a finish showed used up by a START lost to damage (in order), and those
+        # a repair's note (``used-up``) or a marker already says are: the repair notes the
+        # difference (``unnoted``).
+        self.used_up: dict[Position, None] = {}
+        self.noted: set[Position] = set()
+        # Regions whose one record decoded as an operator's action in flight that names no
+        # message in flight here: their markers must say "records of unknown kind", or a
+        # later check would take the lost record for one that is safe to lose.
+        self.unknown_operator: set[tuple[int, int]] = set()
         self.lost_envelopes_of: dict[str, Region] = {}  # one lost envelope record each
         self.previous: tuple[Position, Frame | Region] | None = None
         # Finished messages with a body file and no outcome acknowledgement (yet): with
@@ -782,6 +792,7 @@ class Assessment:
     def _region(self, pos: Position, region: Region) -> None:
         region = self._owned_replacement(region)
         self.regions.append(region)
+        self.noted.update(region.sup)
         for state in self.live.values():
             if state.envelope_at in region.sup:
                 state.started = True  # a repair recorded that a lost start used it up
@@ -854,6 +865,8 @@ class Assessment:
         else:
             # Unknown records: a start or a delivered delta of any message live here may
             # have been among them; attempting it again could deliver twice.
+            if operator and not region.marker:
+                self.unknown_operator.add((region.segment, region.start))
             for msg_id in self.live:
                 self.suspects.setdefault(msg_id, region)
 
@@ -919,6 +932,11 @@ class Assessment:
                 self.awaiting_ack.add(record.msg_id)
         elif isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
             self.awaiting_ack.discard(record.target)
+        elif isinstance(record, rec.Control) and record.action == rec.USED_UP:
+            self.noted.update(record.sup)
+            for state in self.live.values():
+                if state.envelope_at in record.sup:
+                    state.started = True
 
     def _passed_over(self, state: _Live | None, named: Position) -> None:
         """A record of a message moves on from ``named``; if the message's live envelope
@@ -931,30 +949,37 @@ class Assessment:
 
     def _start_was_lost(self, envelope_at: Position) -> None:
         """A finish of a message whose live envelope no start named: the start was in
-        damage after the envelope. The repair's marker for that damage must say that the
-        envelope is used up, or the runner of its class would hand it out again."""
-        # The marker of damaged padding is padding again: the note would be lost there.
+        damage after the envelope. The repair notes that the envelope is used up (a
+        ``used-up`` record of its own: the damaged bytes may be too few for a marker that
+        says it, a whole segment, or an earlier repair's marker), or the runner of its
+        class would hand it out again."""
+        self.used_up[envelope_at] = None
+        # Records regions after the envelope could have held that start. If each of them
+        # was taken for another message's START known exactly (its damaged id and envelope
+        # read as that message's), one of those was not: the last one's message, if it is
+        # still in flight on that start alone, goes back to queued, a suspect (held by the
+        # repair). One that finished since keeps its start: its finish vouches for it.
         after = [
-            r
+            (r.segment, r.start)
             for r in self.regions
-            if (r.segment, r.start) > envelope_at and r.kind is not RegionKind.PADDING
+            if (r.segment, r.start) > envelope_at and r.records_lost
         ]
-        after = after or [r for r in self.regions if (r.segment, r.start) > envelope_at]
-        if after:
-            region = after[-1]
-            key = (region.segment, region.start)
-            taken = self.exact_starts.pop(key, None)
-            if taken is not None:
-                # One START record, already taken for another message's start (its damaged
-                # id and envelope read as that message's): this finish shows it was not.
-                # That message goes back to queued, a suspect (held by the repair); the
-                # region's other notes stay.
+        if not after or any(key not in self.exact_starts for key in after):
+            return
+        key = after[-1]
+        taken = self.exact_starts[key]
+        for msg_id, state in self.live.items():
+            if state.envelope_at == taken and state.started:
+                state.started = False
+                region = next(r for r in self.regions if (r.segment, r.start) == key)
+                self.suspects.setdefault(msg_id, region)
                 self.lost_starts[key].remove(taken)
-                for msg_id, state in self.live.items():
-                    if state.envelope_at == taken and state.started:
-                        state.started = False
-                        self.suspects.setdefault(msg_id, region)
-            self.lost_starts.setdefault(key, []).append(envelope_at)
+                del self.exact_starts[key]
+                return
+
+    def unnoted(self) -> list[Position]:
+        """The used-up envelopes no note or marker names yet, in log order."""
+        return [p for p in self.used_up if p not in self.noted]
 
     def _reestablished(self, msg_id: str) -> None:
         self.suspects.pop(msg_id, None)

@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 
 
 class FileSystem:
     """Real POSIX file operations. Thread-safe (each call is one system call)."""
 
     def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        """os.open; new files get ``mode`` (0600: mail is private)."""
-        return os.open(path, flags | os.O_CLOEXEC, mode)
+        """os.open; new files get ``mode`` (0600: mail is private). Never blocks: a FIFO
+        (or a device) put where the spool expects a file opens at once (``O_NONBLOCK``,
+        which regular files ignore); reading it then fails, or ``is_file`` tells."""
+        return os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+
+    def is_file(self, fd: int) -> bool:
+        """Whether ``fd`` is a regular file (not a directory, FIFO, device or socket)."""
+        return stat.S_ISREG(os.fstat(fd).st_mode)
 
     def close(self, fd: int) -> None:
         os.close(fd)

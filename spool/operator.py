@@ -40,6 +40,10 @@ HELD_REASON: Final = "held by the operator"
 LOCATE_RETRIES: Final = 20  # walks of the log before a message that keeps moving is refused
 
 
+# Positions per ``used-up`` note: about 10 bytes each, far inside one frame.
+USED_UP_PER_NOTE: Final = 4096
+
+
 class OperatorAction(enum.Enum):
     """What an operator can do to a queued message (``hold``, ``release``, ...)."""
 
@@ -364,6 +368,28 @@ class OperatorDesk:
             self.bodies.release_body(old, msg_id)
         state.writer.wait_durable(end)
         return True
+
+    def note_used_up(self, envelopes: Iterable[Position]) -> None:
+        """Append a ``used-up`` note naming ``envelopes``, and pass them from now on.
+
+        For ``spool check --repair`` only: each is the envelope of a message that finished
+        after a START lost to damage, so nothing else in the log says it is used up, and
+        the runner of its class would hand it out again. Durable on return."""
+        state = self.state
+        state.check_process()
+        state.check_open()
+        sup = tuple(envelopes)
+        if not sup:
+            return
+        chunks = [sup[i : i + USED_UP_PER_NOTE] for i in range(0, len(sup), USED_UP_PER_NOTE)]
+        parts = [encode_checked(rec.Control(rec.USED_UP, "", state.now(), sup=c)) for c in chunks]
+        with state.lock:
+            state.check_open()
+            self.scheduler.superseded.update(sup)
+            _, end = self.scheduler.append(parts, None)
+        # (W) A crash before this returns loses the note or keeps it; the repair's flag
+        # keeps the spool for the repair's rerun, which notes again what is not noted.
+        state.writer.wait_durable(end)
 
     def restore_envelope(
         self, env: rec.Envelope, data: bytes, replaces: Position, reason: str

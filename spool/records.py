@@ -189,10 +189,11 @@ class Control:
     ``spool check --repair`` in place of damaged bytes (``damage.py``): its frame covers
     exactly those bytes; ``body`` is how many of them were ``target``'s BODY frame (0 if
     none), ``lost`` the kind of the one record the bytes held when that is known
-    (``envelope``, ``start``, ...; ``target`` is then its message), ``sup`` the envelopes the
-    lost bytes superseded (a lost START of a message that finished later: nothing else
-    says its envelope is used up), and ``copy`` names the copy of the damaged segment in
-    ``corrupt/``.
+    (``envelope``, ``start``, ...; ``target`` is then its message), ``sup`` the one envelope
+    a START identified exactly had used up (the marker then stands for that START), and
+    ``copy`` names the copy of the damaged segment in ``corrupt/``. A ``used-up`` note, which
+    a repair appends, names in ``sup`` envelopes that STARTs lost to damage had used up
+    (their messages finished later, so nothing else says so), wherever those STARTs were.
 
     ``hold``, ``release``, ``delete`` and ``bounce`` record an operator action on a message
     in flight (``target``), with its reason in ``why``: the spool applies it when the
@@ -219,7 +220,8 @@ IN_FLIGHT_BOUNCE: Final = "bounce"  # the rest of its recipients end "failed" (a
 IN_FLIGHT_ACTIONS: Final = frozenset(
     {IN_FLIGHT_HOLD, IN_FLIGHT_RELEASE, IN_FLIGHT_DELETE, IN_FLIGHT_BOUNCE}
 )
-CONTROL_ACTIONS: Final = frozenset({OUTCOME_ACK, DAMAGED}) | IN_FLIGHT_ACTIONS
+USED_UP: Final = "used-up"  # a repair's note: the envelopes in ``sup`` are used up
+CONTROL_ACTIONS: Final = frozenset({OUTCOME_ACK, DAMAGED, USED_UP}) | IN_FLIGHT_ACTIONS
 
 Record = Envelope | Start | Delta | Finish | Control
 

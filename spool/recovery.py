@@ -301,6 +301,8 @@ def recover(
                 damaged.append((pos, frame.size))
                 superseded.update(record.sup)  # envelopes the lost bytes had used up
                 _lost_start(fs, log_dir, record, pos, working)
+            elif isinstance(record, rec.Control) and record.action == rec.USED_UP:
+                superseded.update(record.sup)  # a repair's note: lost starts used them up
             elif isinstance(record, rec.Control) and record.action in rec.IN_FLIGHT_ACTIONS:
                 _operator_in_flight(record, working)
             elif (

@@ -78,7 +78,7 @@ def live_envelopes(root: str) -> dict[str, int]:
                 superseded.add(record.supersedes)
         elif isinstance(record, rec.Start):
             superseded.add(record.envelope_at)
-        elif isinstance(record, rec.Control) and record.action == rec.DAMAGED:
+        elif isinstance(record, rec.Control) and record.action in (rec.DAMAGED, rec.USED_UP):
             superseded.update(record.sup)  # a repair recorded a lost start
     counts: dict[str, int] = {}
     for pos, msg in envelopes.items():

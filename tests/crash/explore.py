@@ -354,7 +354,10 @@ def flip_durable_byte(
     byte before it, or its characters): the bytes by which a repair names what the damage
     cost, which a flip at random hits once in hundreds of copies; one in sixteen an id left
     legible as no id at all (``_id_made_no_id``); one in sixteen two bits of a record's CRC
-    (``_record_frames``); and one in sixteen a burst of four damaged bytes in a row."""
+    (``_record_frames``); one in sixteen a burst of four damaged bytes in a row; and one in
+    sixteen a START made unreadable with a frame after it hit too (``_start_and_after``):
+    where a repair must note that a lost start used its envelope up, whatever the damage
+    after it (a tiny body, padding, another record)."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -414,6 +417,10 @@ def flip_durable_byte(
         start = aim.randrange(limit - 3)
         offsets = list(range(start, start + 4))
         bits = [aim.randrange(8) for _ in offsets]
+    elif aim is not None and aimed < 0.5:
+        found = _start_and_after(files[path], limit, aim)
+        if found is not None:
+            offsets, bits = found
     data = bytearray(files[path])
     for at, bit in zip(offsets, bits, strict=True):
         data[at] ^= 1 << bit
@@ -449,15 +456,40 @@ def _id_made_no_id(
 def _record_frames(data: bytes, limit: int) -> list[int]:
     """Where the record frames (not padding, not bodies) of a segment start, before
     ``limit``; none if its header does not read."""
+    return [pos for pos, ftype, _ in _frames(data, limit) if ftype not in (fmt.T_PAD, fmt.T_BODY)]
+
+
+def _frames(data: bytes, limit: int) -> list[tuple[int, int, int]]:
+    """(offset, type, size) of every whole frame of a segment before ``limit``; none if
+    its header does not read."""
     if len(data) < fmt.SEGMENT_HEADER_SIZE:
         return []
     salt = segment_salt(data)
     found, pos = [], fmt.SEGMENT_HEADER_SIZE
     while pos < limit:
         frame = parse_frame(data, pos, salt)
-        if not isinstance(frame, Frame):
+        if not isinstance(frame, Frame) or pos + frame.size > limit:
             break
-        if frame.type not in (fmt.T_PAD, fmt.T_BODY) and pos + frame.size <= limit:
-            found.append(pos)
+        found.append((pos, frame.type, frame.size))
         pos += frame.size
     return found
+
+
+def _start_and_after(
+    data: bytes, limit: int, aim: random.Random
+) -> tuple[list[int], list[int]] | None:
+    """Offsets and bits that make a START frame unreadable (bits of its length) and hit
+    two bytes of one frame after it (a body, padding or a record, whatever is there)."""
+    frames = _frames(data, limit)
+    starts = [i for i, (_, ftype, _) in enumerate(frames) if ftype == fmt.T_START]
+    if not starts:
+        return None
+    i = aim.choice(starts)
+    at = frames[i][0]
+    offsets, bits = [at + 4], [aim.choice((3, 4))]  # the length: no frame of that size fits
+    if i + 1 < len(frames):
+        pos, _, size = aim.choice(frames[i + 1 :])
+        hit = sorted({pos + aim.randrange(size), pos + aim.randrange(size)})
+        offsets += hit
+        bits += [aim.randrange(8) for _ in hit]
+    return offsets, bits
