@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 
 from crc32c import crc32c
 
@@ -75,23 +76,39 @@ def body_file_paths(root: str, msg_id: str) -> tuple[str, str]:
 
 
 def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, str]:
-    """The whole of ``msg_id``'s body file, unchecked, and its path, wherever it is;
-    ``FileNotFoundError`` if it is in neither place.
+    """The whole of ``msg_id``'s body file and its path, wherever it is: the first that
+    checks, else the first found (unchecked); ``FileNotFoundError`` if neither place holds
+    one.
 
-    Only a regular file is a body file: a directory, FIFO or device in either place is
-    passed over as if absent (``spool check`` names it, the repair moves it aside), and
-    none of them is ever waited on (``FileSystem.open`` does not block)."""
+    Only a regular file is a body file: a directory, FIFO, socket, device or looping link
+    in either place is passed over as if absent (``spool check`` names it, the repair
+    moves it aside), and none of them is ever waited on (``FileSystem.open`` does not
+    block). The spool never leaves a file in both places (a move is one rename); if
+    something else did, the one that checks is the body."""
+    found = list(_body_files_found(fs, root, msg_id))
+    for raw, path in found:
+        if check_body_file(raw) is None:
+            return raw, path
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, "no body file", body_file_paths(root, msg_id)[1])
+    return found[0]
+
+
+def _body_files_found(fs: FileSystem, root: str, msg_id: str) -> Iterator[tuple[bytes, str]]:
+    """The content and path of each regular file named ``msg_id`` in incoming/, then
+    bodies/ (a file moving from the one to the other meanwhile is seen once or twice)."""
     for path in body_file_paths(root, msg_id):
         try:
             fd = fs.open(path, os.O_RDONLY)
         except FileNotFoundError:
             continue  # not staged (or moved on to bodies/ meanwhile), or not there at all
+        except OSError:
+            continue  # a socket (ENXIO), a looping link (ELOOP): not a body file
         try:
             if fs.is_file(fd):
-                return fs.pread(fd, fs.size(fd), 0), path
+                yield fs.pread(fd, fs.size(fd), 0), path
         finally:
             fs.close(fd)
-    raise FileNotFoundError(errno.ENOENT, "no body file", body_file_paths(root, msg_id)[1])
 
 
 def read_body_file(fs: FileSystem, root: str, msg_id: str) -> bytes:

@@ -290,9 +290,23 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     markers: list[Region] = []
     corrections: list[tuple[int, int, str]] = []
     records = size = 0
+    not_segments: list[str] = []
+    unusable: list[int] = []  # segment numbers with something else in their place
     for seg in segments:
         if seg - 1 in missing:
             walk.step(Position(seg - 1, 0), _missing_region(seg - 1))
+        kind = _entry_kind(fs, _segment_path(log_dir, seg))
+        if kind not in (_FILE, _GONE):
+            # A directory, FIFO, socket or looping link where the segment should be: as
+            # good as missing. The repair moves it aside and puts a segment in its place.
+            why = f"not a segment file ({kind}): check --repair moves it to corrupt/"
+            problems.append(
+                Problem(ProblemKind.SEGMENT_MISSING, _segment_path(log_dir, seg), 0, why)
+            )
+            not_segments.append(os.path.join(fmt.LOG_DIR, fmt.segment_name(seg)))
+            unusable.append(seg)
+            walk.step(Position(seg, 0), _missing_region(seg))
+            continue
         try:
             scan = _scan(fs, log_dir, seg, segments[-1], positions)
         except FileNotFoundError:
@@ -344,7 +358,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         )
     _report_unfinished_repairs(affected, problems, notes)
     affected.extend(_bodies_in_gone_segments(fs, path, walk, segments, problems))
-    stray = _stray_entries(fs, path, problems)
+    stray = not_segments + _stray_entries(fs, path, problems)
     present = _body_files(fs, path)
     # Body files no live message names and no finish names (those are kept for a bounce):
     # messages whose envelope may have been in the damage.
@@ -356,6 +370,13 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         )
     )
     affected.extend(_messages_lost_whole(walk.seen, regions, affected, region_bytes))
+    # A segment missing, or beyond reading as a whole (its header unreadable, or naming
+    # another segment, whose frames these are): no bytes to find ids in. Every body file
+    # still unnamed may be of a message whose envelope was there: named, never an orphan.
+    gone = [r for r in walk.regions if r.start == 0 and r.records_lost and not r.marker]
+    if gone:
+        unnamed = candidates - {a.msg_id for a in affected}
+        affected.extend(_envelopes_in_lost_segments(sorted(unnamed), gone[0]))
     named = {a.msg_id for a in affected if a.verdict is not Verdict.RECORDS_LOST}
     for_bounces = walk.awaiting_ack & present
     if not _tracks_outcomes(fs, path, bad_settings, positions):
@@ -403,7 +424,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         stray_entries=tuple(stray),
         bad_settings=bad_settings,
         bad_positions=fs.exists(os.path.join(path, fmt.POSITIONS_NAME)) and positions is None,
-        missing_segments=tuple(missing),
+        missing_segments=tuple(sorted(missing + unusable)),
         retired_segments=retired,
         durable_end=positions.consistent if positions is not None else None,
         used_up=tuple(used_up),
@@ -526,6 +547,15 @@ def _envelopes_lost_with_files(
             found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
             wanted.remove(msg_id)
     return found
+
+
+def _envelopes_in_lost_segments(unnamed_files: list[str], region: Region) -> list[Affected]:
+    detail = (
+        f"its envelope may have been in segment {region.segment} ({region.reason}), "
+        "which nothing can read: sender and recipients unknown; its body file is kept in "
+        "corrupt/ (a message finished long ago whose file a crash left reads the same)"
+    )
+    return [Affected(m, Verdict.ENVELOPE_LOST, region, False, False, detail) for m in unnamed_files]
 
 
 def _messages_lost_whole(
@@ -717,6 +747,8 @@ def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[s
             for name in sorted(fs.listdir(os.path.join(root, sub))):
                 path = os.path.join(root, sub, name)
                 kind = _entry_kind(fs, path)
+                if kind == _FILE and sub == fmt.INCOMING_DIR:
+                    kind = _twin(fs, root, name)
                 if kind not in (_FILE, _GONE):
                     why = f"not a body file ({kind}): check --repair moves it to corrupt/"
                     problems.append(Problem(ProblemKind.BODY_FILE, path, 0, why))
@@ -724,17 +756,34 @@ def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[s
     return found
 
 
+def _twin(fs: FileSystem, root: str, name: str) -> str:
+    """``_FILE`` for incoming/``name``, unless bodies/ holds a file of that name too (the
+    spool never leaves both: a move is one rename) and that one is the body (the one
+    that checks, ``read_raw_body_file``): then what incoming/``name`` is."""
+    if _entry_kind(fs, os.path.join(root, fmt.BODY_DIR, name)) != _FILE:
+        return _FILE
+    try:
+        _raw, path = read_raw_body_file(fs, root, name)
+    except FileNotFoundError:
+        return _FILE
+    if path == os.path.join(root, fmt.INCOMING_DIR, name):
+        return _FILE  # it is the body, and the one in bodies/ is damaged (``_check_bodies``)
+    return "a second file beside the body file in bodies/"
+
+
 _FILE, _GONE = "file", "gone"
 
 
 def _entry_kind(fs: FileSystem, path: str) -> str:
     """A regular file (a symbolic link to one counts), gone since the listing (an owner
-    moved or removed it; a broken link reads the same, and is then a missing body file),
-    or what else it is ("a directory", "a FIFO", ...). ``stat`` never blocks on a FIFO."""
+    moved or removed it), or what else it is ("a directory", "a FIFO", "a broken link",
+    ...). ``stat`` never blocks on a FIFO."""
     try:
         mode = fs.stat(path).st_mode
     except FileNotFoundError:
-        return _GONE
+        return "a broken link" if fs.lexists(path) else _GONE
+    except OSError:
+        return "a looping link"  # ELOOP; nothing else stat of a listed name can raise here
     if stat.S_ISREG(mode):
         return _FILE
     if stat.S_ISDIR(mode):
@@ -1030,7 +1079,7 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
             moved = True
     for entry in report.stray_entries:
         src = os.path.join(root, entry)
-        if fs.exists(src):
+        if fs.lexists(src):
             target = os.path.join(corrupt, f"stray.{entry.replace(os.sep, '.')}.{stamp}")
             # A crash before the rename leaves the stray entry where it was (the next check
             # names it again); after it, in corrupt/. No mail is in it either way: only

@@ -153,7 +153,8 @@ class Checkpointer:
                 # A crash before the directory fsync may bring a file back: recovery
                 # removes the bodies of the finishes (and acknowledgements) it scans, and
                 # every file in incoming/ that no scanned envelope names.
-                with contextlib.suppress(FileNotFoundError):
+                # A directory of that name is no body file: left for ``spool check``.
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                     fs.unlink(path)
                     touched.add(os.path.dirname(path))
         for directory in sorted(touched):

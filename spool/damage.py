@@ -144,7 +144,7 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
     problem = check_segment_header(data, number, "")
     if problem is not None and newest and durable_end == 0 and header_blank(data[: fmt.SECTOR]):
         return SegmentScan(number, None, problem, (), 0, problem, len(data))
-    salt = _salt_of(data, problem)
+    salt = None if _names_another_segment(data, number) else _salt_of(data, problem)
     if salt is None:
         whole = Region(number, 0, len(data), RegionKind.RECORDS, f"segment header: {problem}")
         return SegmentScan(number, None, problem, ((0, whole),), None, "", len(data))
@@ -192,6 +192,18 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
         body_end = None
         pos = end
     return SegmentScan(number, salt, problem, tuple(items), None, "", len(data), tuple(corrections))
+
+
+def _names_another_segment(data: bytes, number: int) -> bool:
+    """Whether ``data`` begins with an intact segment header of another number: a copy
+    of another segment (or a file renamed), whose frames, valid as they are, are that
+    segment's records, not this one's. No damage makes an intact header name another
+    number (its checksum covers the number)."""
+    if len(data) < fmt.SEGMENT_HEADER_SIZE:
+        return False
+    magic, _version, _size, seg, _salt, crc = fmt.SEGMENT_HEADER.unpack_from(data)
+    intact = crc32c(data[: fmt.SEGMENT_HEADER_SIZE - 4]) == crc and magic == fmt.SEGMENT_MAGIC
+    return bool(intact and seg != number)
 
 
 def _padding_end(data: bytes, pos: int, salt: int) -> int | None:

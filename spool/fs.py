@@ -90,6 +90,10 @@ class FileSystem:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    def lexists(self, path: str) -> bool:
+        """Whether ``path`` names anything, a broken or looping link too."""
+        return os.path.lexists(path)
+
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(path)
 

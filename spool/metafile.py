@@ -18,6 +18,7 @@ Errors:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from typing import Any
@@ -51,13 +52,19 @@ def decode_metafile(raw: bytes) -> dict[str, Any] | None:
 
 
 def read_metafile(fs: FileSystem, root: str, name: str) -> bytes | None:
-    """The raw bytes of ``<root>/<name>``, or None when there is no such file."""
+    """The raw bytes of ``<root>/<name>``, or None when there is no such file. Anything
+    there that is not a regular file (a directory, FIFO, socket, looping link) reads as
+    no bytes: a damaged file, which the callers treat as such."""
     try:
         fd = fs.open(os.path.join(root, name), os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.ELOOP):
+            return b""
+        raise
     try:
-        return fs.pread(fd, METAFILE_MAX, 0)
+        return fs.pread(fd, METAFILE_MAX, 0) if fs.is_file(fd) else b""
     finally:
         fs.close(fd)
 

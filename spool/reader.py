@@ -187,7 +187,7 @@ class LogCursor:
         self.close()
         path = self.path(segment)
         try:
-            fd = self._fs.open(path, os.O_RDONLY)
+            fd = open_segment(self._fs, path)
         except FileNotFoundError:
             return False
         self._fd, self._fd_segment = fd, segment
@@ -335,6 +335,22 @@ class LogCursor:
             yield item
 
 
+def open_segment(fs: FileSystem, path: str) -> int:
+    """A read-only descriptor of the segment file ``path``; ``FileNotFoundError`` if there
+    is none, ``CorruptSpool`` if what is there is no regular file (a directory, a FIFO, a
+    socket, a looping link: ``spool check`` names it, the repair moves it aside)."""
+    try:
+        fd = fs.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # ENXIO (a socket), ELOOP (a looping link)
+        raise CorruptSpool(path, 0, f"not a segment file ({exc.strerror})") from None
+    if not fs.is_file(fd):
+        fs.close(fd)
+        raise CorruptSpool(path, 0, "not a segment file (not a regular file)")
+    return fd
+
+
 class _Stop(Exception):
     """Internal: the cursor hit a torn tail."""
 
@@ -343,7 +359,7 @@ def read_frame_at(fs: FileSystem, log_dir: str, at: Position) -> Frame:
     """Read and check the single frame at ``at`` (envelopes for attempts, bodies)."""
     path = os.path.join(log_dir, fmt.segment_name(at.segment))
     try:
-        fd = fs.open(path, os.O_RDONLY)
+        fd = open_segment(fs, path)
     except FileNotFoundError:
         raise CorruptSpool(path, at.offset, "segment file is missing") from None
     try:

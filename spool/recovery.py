@@ -32,6 +32,7 @@ import contextlib
 import enum
 import itertools
 import os
+import stat
 import time
 from collections.abc import Callable
 from typing import Final
@@ -40,7 +41,7 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.bodies import read_body, read_body_file
+from spool.bodies import body_file_paths, read_body, read_body_file
 from spool.damage import single_record
 from spool.errors import CorruptSpool
 from spool.framing import Frame
@@ -400,7 +401,22 @@ def _incoming_files(
         return [], []
     named = [n for n in names if n in named_files]
     orphans = [] if damaged else [n for n in names if n not in named_files]
+    # Only a regular file with no namesake in bodies/ is an accept's leftover: anything
+    # else (a directory, a FIFO, a file beside a settled body) was put there by someone
+    # else; ``spool check`` names it and the repair moves it aside. Removing it would
+    # remove the settled file too (``Checkpoints._remove_bodies`` unlinks both names).
+    orphans = [n for n in orphans if _lone_staged_file(fs, root, n)]
     return named, orphans
+
+
+def _lone_staged_file(fs: FileSystem, root: str, name: str) -> bool:
+    staged, settled = body_file_paths(root, name)
+    try:
+        if not stat.S_ISREG(fs.stat(staged).st_mode):
+            return False
+    except OSError:
+        return False  # gone meanwhile, or a looping link
+    return not fs.exists(settled)
 
 
 def _make_durable(fs: FileSystem, root: str, scanned: list[int]) -> None:

@@ -51,12 +51,15 @@ STEPS = 30
 
 def explore_seeds(first: int, stride: int, target: int, **options: int) -> ExploreReport:
     """Explore workloads ``first``, ``first + stride``, ... until ``target`` new states
-    (and at least one workload of each named kind)."""
+    (and, with the workers beside it on the other seeds, at least one workload of each
+    named kind: ``stride`` workers on consecutive first seeds cover every kind once each
+    has run its share of the kinds)."""
     explorer = Explorer(seed=first, **options)
     seed = first
+    kinds = len(MENUS) + len(SCRIPTS)
     while True:
         r = explorer.report
-        every_menu = (seed - first) // stride >= len(MENUS) + len(SCRIPTS)
+        every_menu = (seed - first) // stride >= -(-kinds // stride)
         if r.states + r.recovery_states >= target and every_menu:
             return r
         base = tempfile.mkdtemp(prefix="spool-workload-", dir=scratch_base())
