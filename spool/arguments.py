@@ -10,6 +10,8 @@ a reply of 4,096 "€" is 12 KiB of UTF-8.
 
 from __future__ import annotations
 
+import math
+
 from spool.errors import SpoolMisuse
 from spool.options import TEXT_MAX
 
@@ -47,4 +49,7 @@ def check_seconds(value: object, what: str) -> float:
         return 0.0
     if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
         raise SpoolMisuse(f"{what} must be a number of seconds (0 or more) or None, not {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf  # an integer past any float: as long as infinity

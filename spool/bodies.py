@@ -83,15 +83,26 @@ def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, s
     Only a regular file is a body file: a directory, FIFO, socket, device or looping link
     in either place is passed over as if absent (``spool check`` names it, the repair
     moves it aside), and none of them is ever waited on (``FileSystem.open`` does not
-    block). The spool never leaves a file in both places (a move is one rename); if
-    something else did, the one that checks is the body."""
+    block). Both places hold one only when the spool copied the body again (the copies
+    agree, and a checkpoint moves the new one over the old), or when something else put
+    a file there: then the one that checks is the body, the settled one if both do
+    (``spool check`` names the other, the repair moves it aside)."""
     found = list(_body_files_found(fs, root, msg_id))
-    for raw, path in found:
+    for raw, path in reversed(found):  # the settled one first, if both check
         if check_body_file(raw) is None:
             return raw, path
     if not found:
         raise FileNotFoundError(errno.ENOENT, "no body file", body_file_paths(root, msg_id)[1])
     return found[0]
+
+
+def copies_agree(fs: FileSystem, root: str, msg_id: str) -> bool:
+    """Whether ``msg_id``'s body file in incoming/ holds exactly the bytes of the one in
+    bodies/: a second copy the spool made of the same body (a body promoted again after
+    a repair's hold, a restored envelope), which may replace the first. Anything else
+    beside a settled body file is not the spool's."""
+    found = list(_body_files_found(fs, root, msg_id))
+    return len(found) == 2 and found[0][0] == found[1][0]
 
 
 def _body_files_found(fs: FileSystem, root: str, msg_id: str) -> Iterator[tuple[bytes, str]]:

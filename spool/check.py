@@ -69,6 +69,7 @@ from spool import recovery
 from spool.bodies import (
     body_file_paths,
     check_body_file,
+    copies_agree,
     read_body_file,
     read_inline_body,
     read_raw_body_file,
@@ -281,6 +282,15 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         notes.append(f"{len(retired)} retired segment(s) awaiting deletion")
     segments = kept
     missing = [n for prev, nxt in itertools.pairwise(segments) for n in range(prev + 1, nxt)]
+    if positions is not None and segments:
+        # The durable positions vouch for every segment from their garbage front's to
+        # their consistent end's: one gone before the first on disk, or after the last,
+        # is missing as surely as one in a gap (its mail with it).
+        missing = [
+            *range(positions.front.segment, segments[0]),
+            *missing,
+            *range(segments[-1] + 1, positions.consistent.segment + 1),
+        ]
     for n in missing:
         problems.append(
             Problem(ProblemKind.SEGMENT_MISSING, _segment_path(log_dir, n), 0, "segment missing")
@@ -333,6 +343,9 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
                 (markers if item.marker else regions).append(walk.regions[-1])
         if progress is not None:
             progress(1)
+    past_the_end = [n for n in missing if segments and n > segments[-1]]
+    if past_the_end:
+        walk.step(Position(past_the_end[0], 0), _missing_region(past_the_end[0]))
     if markers:
         copies = sorted({m.copy for m in markers if m.copy})
         notes.append(
@@ -747,8 +760,8 @@ def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[s
             for name in sorted(fs.listdir(os.path.join(root, sub))):
                 path = os.path.join(root, sub, name)
                 kind = _entry_kind(fs, path)
-                if kind == _FILE and sub == fmt.INCOMING_DIR:
-                    kind = _twin(fs, root, name)
+                if kind == _FILE:
+                    kind = _twin(fs, root, sub, name)
                 if kind not in (_FILE, _GONE):
                     why = f"not a body file ({kind}): check --repair moves it to corrupt/"
                     problems.append(Problem(ProblemKind.BODY_FILE, path, 0, why))
@@ -756,19 +769,23 @@ def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[s
     return found
 
 
-def _twin(fs: FileSystem, root: str, name: str) -> str:
-    """``_FILE`` for incoming/``name``, unless bodies/ holds a file of that name too (the
-    spool never leaves both: a move is one rename) and that one is the body (the one
-    that checks, ``read_raw_body_file``): then what incoming/``name`` is."""
-    if _entry_kind(fs, os.path.join(root, fmt.BODY_DIR, name)) != _FILE:
+def _twin(fs: FileSystem, root: str, sub: str, name: str) -> str:
+    """``_FILE`` for the file ``sub``/``name``, unless the other body directory holds a
+    different file of that name (the spool's own second copies agree) and that one is the
+    body (``read_raw_body_file``: the one that checks, the settled one if both do): then
+    what this one is."""
+    other = fmt.BODY_DIR if sub == fmt.INCOMING_DIR else fmt.INCOMING_DIR
+    if _entry_kind(fs, os.path.join(root, other, name)) != _FILE:
         return _FILE
+    if copies_agree(fs, root, name):
+        return _FILE  # a second copy the spool made: the next checkpoint moves it over
     try:
-        _raw, path = read_raw_body_file(fs, root, name)
+        _raw, body = read_raw_body_file(fs, root, name)
     except FileNotFoundError:
         return _FILE
-    if path == os.path.join(root, fmt.INCOMING_DIR, name):
-        return _FILE  # it is the body, and the one in bodies/ is damaged (``_check_bodies``)
-    return "a second file beside the body file in bodies/"
+    if body == os.path.join(root, sub, name):
+        return _FILE
+    return f"a second file beside the body file in {other}/"
 
 
 _FILE, _GONE = "file", "gone"
@@ -914,15 +931,6 @@ def _check_positions(
             )
         )
         return
-    if segments and positions.consistent.segment > segments[-1]:
-        problems.append(
-            Problem(
-                ProblemKind.POSITIONS,
-                pos_path,
-                0,
-                "restart positions point past the end of the log",
-            )
-        )
     if segments and positions.working_start.segment < segments[0]:
         problems.append(
             Problem(

@@ -19,7 +19,7 @@ import threading
 
 from spool import format as fmt
 from spool.attempts import AttemptBook
-from spool.bodies import body_file_paths
+from spool.bodies import body_file_paths, copies_agree
 from spool.body_keeping import BodyKeeper
 from spool.directory import archive_file
 from spool.errors import SpoolError, SpoolFailed
@@ -169,6 +169,10 @@ class Checkpointer:
             # A crash before the fsyncs may undo the rename: the file is back in incoming/,
             # and the positions that no longer scan its envelope are not written yet (they
             # come after these fsyncs), so recovery still finds the envelope naming it.
+            if fs.lexists(os.path.join(bodies, msg_id)) and not copies_agree(
+                fs, self.state.path, msg_id
+            ):
+                continue  # not the spool's copy: never moved over (``spool check`` names it)
             with contextlib.suppress(FileNotFoundError):  # removed: its message finished
                 fs.rename(os.path.join(incoming, msg_id), os.path.join(bodies, msg_id))
         if names:

@@ -23,6 +23,7 @@ import itertools
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
@@ -39,7 +40,7 @@ from spool.errors import (
 )
 from spool.fs import FileSystem
 from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
-from spool.protocol import VERSION, Decoder, ErrorReply, Reply, Request, encode
+from spool.protocol import CLAIM_WAIT_MAX, VERSION, Decoder, ErrorReply, Reply, Request, encode
 from spool.queue_view import QueueEntry, history
 from spool.records import Position
 from spool.statistics import SpoolStatistics
@@ -236,16 +237,21 @@ class Client:
         return result
 
     def claim(self, timeout: float | None = None) -> RemoteAttempt | None:
-        """As ``Spool.claim`` (a wait of at most 60 s per call)."""
+        """As ``Spool.claim``."""
         found = self.claim_many(1, timeout)
         return found[0] if found else None
 
     def claim_many(self, most: int, timeout: float | None = None) -> builtins.list[RemoteAttempt]:
-        """Up to ``most`` due attempts in one round trip (waiting ``timeout`` for the first)."""
-        if timeout is not None:
-            check_seconds(timeout, "timeout")
-        found = self._call("claim", timeout=0.0 if timeout is None else timeout, max=most)
-        return [RemoteAttempt(self, MessageEnvelope(**_envelope(e))) for e in found]
+        """Up to ``most`` due attempts in one round trip (waiting ``timeout`` for the first).
+        The owner waits at most ``CLAIM_WAIT_MAX`` per request; a longer wait is several."""
+        wait = check_seconds(timeout, "timeout")
+        deadline = time.monotonic() + wait
+        while True:
+            step = min(wait, CLAIM_WAIT_MAX)
+            found = self._call("claim", timeout=step, max=most)
+            wait = deadline - time.monotonic()
+            if found or wait <= 0:
+                return [RemoteAttempt(self, MessageEnvelope(**_envelope(e))) for e in found]
 
     def attempts(self, poll: float = 1.0) -> Iterator[RemoteAttempt]:
         """Attempts for ever, until the connection ends (for worker loops)."""

@@ -21,13 +21,11 @@ import attrs
 from spool.attempts import Attempt
 from spool.errors import ProtocolError, SpoolMisuse, UnknownMessage
 from spool.operator import OperatorAction
-from spool.protocol import VERSION
+from spool.protocol import CLAIM_WAIT_MAX, VERSION
 from spool.spool import Spool
 
 # The most attempts one ``claim`` hands out (a worker asks for several when many are due).
 CLAIM_BATCH_MAX: Final = 64
-# The longest a ``claim`` waits; a client that wants longer asks again.
-CLAIM_WAIT_MAX: Final = 60.0
 
 
 def _arg(args: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:

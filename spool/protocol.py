@@ -31,6 +31,8 @@ import cbor2
 from spool.errors import ProtocolError
 
 VERSION: Final = 1
+# The longest one ``claim`` request waits; a client that wants longer asks again.
+CLAIM_WAIT_MAX: Final = 60.0
 HEADER: Final = struct.Struct(">IB")
 # A frame carries at most one message (``max_message_size``, 50 MiB by default) and its
 # envelope; the owner sets its decoder's limit from the spool's options.

@@ -216,3 +216,69 @@ def test_a_special_file_in_place_of_positions_or_settings_is_repaired(
     assert not check_spool(str(root)).clean
     assert repair_spool(str(root)).after.clean
     assert _delivered_once_each(root) == dict.fromkeys(ids, 1)
+
+
+# --- found by the review of those fixes ------------------------------------------------
+
+
+@pytest.mark.parametrize("second", ["damaged copy", "another message's body"])
+def test_a_second_file_in_incoming_never_replaces_the_settled_body(
+    tmp_path: Path, second: str
+) -> None:
+    # M's body settled in bodies/; a second file at incoming/M and the positions gone, so
+    # that recovery scans M's envelope again: its checkpoint moved incoming/M over the
+    # intact body (M then lost, or delivered with N's content). A valid foreign file was
+    # read as M's body, and check called the spool clean.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        n = sp.accept("alice@x.org", ["carol@x.net"], b"N" * 500)
+    bodies, incoming = root / fmt.BODY_DIR, root / fmt.INCOMING_DIR
+    if second == "damaged copy":
+        data = bytearray((bodies / m).read_bytes())
+        data[-1] ^= 1
+        (incoming / m).write_bytes(bytes(data))
+    else:
+        shutil.copyfile(bodies / n, incoming / m)
+    (root / fmt.POSITIONS_NAME).unlink()
+    assert any("second file" in p.what for p in check_spool(str(root)).problems)
+    with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
+        sp.checkpoint()
+    assert (bodies / m).read_bytes() != (incoming / m).read_bytes()
+    report = repair_spool(str(root))
+    assert report.after.clean and not report.fates
+    contents: dict[str, bytes] = {}
+    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
+        while (attempt := sp.claim()) is not None:
+            contents[attempt.msg_id] = attempt.read_data()
+            attempt.delivered(list(attempt.envelope.recipients), "250 ok")
+            attempt.close()
+    assert contents == {m: b"M" * 500, n: b"N" * 500}
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_segment_lost_at_either_end_names_its_messages(tmp_path: Path, which: str) -> None:
+    # The first or the last segment deleted: only gaps between segments counted as
+    # missing. The first: check called the spool clean and the body files of its messages
+    # were filed as orphans. The last: its body files the same, and the repair left
+    # "restart positions point past the end of the log" behind.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), segment_size=4096, **OPTS) as sp:
+        for i in range(30):
+            sp.accept("alice@x.org", [f"r{i}@x.net"], b"m" * (50 if i % 2 else 500))
+            sp.sync()
+    where = _segment_of(root)
+    gone = min(where.values()) if which == "first" else max(where.values())
+    with_files = [
+        m for m, seg in where.items() if seg == gone and (root / fmt.BODY_DIR / m).exists()
+    ]
+    assert with_files
+    (root / fmt.LOG_DIR / fmt.segment_name(gone)).unlink()
+    assert not check_spool(str(root)).clean
+    report = repair_spool(str(root))
+    assert report.after.clean
+    assert set(with_files) <= {m for m, _ in report.fates}
+    delivered = _delivered_once_each(root)
+    assert max(delivered.values(), default=1) == 1
+    if which == "first":  # the others are intact, and nothing of the lost ones comes back
+        assert set(delivered) == {m for m, seg in where.items() if seg != gone}

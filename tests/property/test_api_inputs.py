@@ -198,6 +198,16 @@ def test_waiting_calls_take_only_a_number_of_seconds(timeout: Any) -> None:
             refused_or_done(sp, lambda call=call: call(timeout=timeout))  # type: ignore[misc]
 
 
+def test_a_wait_longer_than_any_float_is_as_long_as_infinity() -> None:
+    with spool_with_traffic() as (sp, _queued, _attempt):
+        for timeout in (10**400, float("inf"), 1e308):
+            attempt = sp.claim(timeout=timeout)  # a message is due: no wait at all
+            assert attempt is not None
+            attempt.delivered(attempt.envelope.recipients, "250 ok")
+            attempt.close()
+            sp.accept("a@example.org", ["q@example.net"], b"due now")
+
+
 @SETTINGS
 @given(
     option=st.sampled_from([*options.SETTINGS, *options.TUNING, "clock"]),

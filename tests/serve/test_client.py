@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import spool.client
 from spool import (
     MessageTooLarge,
     OperatorAction,
@@ -70,6 +71,11 @@ def test_typed_errors_cross_the_socket_and_change_nothing(tmp_path: Path) -> Non
             client.release(msg_id)  # not held
         with pytest.raises(SpoolMisuse):
             client.hold(msg_id, reason="")
+        with pytest.raises(SpoolMisuse):
+            client.claim(timeout=-1)
+        attempt = client.claim(timeout=10**400)  # past any float: as long as infinity
+        assert attempt is not None and attempt.msg_id == msg_id
+        attempt.close()
         assert client.statistics().accepted == 1
         assert [e.msg_id for e in client.list()] == [msg_id]
 
@@ -159,3 +165,22 @@ def test_a_long_spool_path_is_served_through_the_directory(tmp_path: Path) -> No
     assert len(socket_path(d)) > 108
     with owner(d), connect(d) as client:
         assert client.accept("a@example.org", ["b@example.net"], BODY)
+
+
+def test_a_claim_longer_than_one_request_waits_in_several(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The owner waits at most CLAIM_WAIT_MAX per request; the client asks again.
+    monkeypatch.setattr(spool.client, "CLAIM_WAIT_MAX", 0.2)
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d), connect(d) as client, connect(d) as producer:
+        timer = threading.Timer(1.0, producer.accept, ("a@example.org", ["b@example.net"], BODY))
+        timer.start()
+        try:
+            attempt = client.claim(timeout=30)
+        finally:
+            timer.join()
+        assert attempt is not None
+        attempt.delivered(attempt.envelope.recipients, "250 ok")
+        attempt.close()
+        assert client.claim(timeout=0.5) is None  # nothing left: the wait ends empty
