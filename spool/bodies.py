@@ -96,6 +96,21 @@ def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, s
     return found[0]
 
 
+TWO_BODIES = (
+    "two different valid body files (in incoming/ and bodies/): spool check --repair holds "
+    "the message and keeps both"
+)
+
+
+def copies_differ(fs: FileSystem, root: str, msg_id: str) -> bool:
+    """Whether incoming/ and bodies/ each hold a valid body file of ``msg_id``, and they
+    differ: no copy the spool made (its copies agree), and which is the message's cannot
+    be told."""
+    found = list(_body_files_found(fs, root, msg_id))
+    valid = [raw for raw, _ in found if check_body_file(raw) is None]
+    return len(valid) == 2 and valid[0] != valid[1]
+
+
 def copies_agree(fs: FileSystem, root: str, msg_id: str) -> bool:
     """Whether ``msg_id``'s body file in incoming/ holds exactly the bytes of the one in
     bodies/: a second copy the spool made of the same body (a body promoted again after
@@ -123,12 +138,16 @@ def _body_files_found(fs: FileSystem, root: str, msg_id: str) -> Iterator[tuple[
 
 
 def read_body_file(fs: FileSystem, root: str, msg_id: str) -> bytes:
-    """The data of ``msg_id``'s body file, checked against its header."""
+    """The data of ``msg_id``'s body file, checked against its header. Two valid files
+    that differ are ``CorruptSpool``: which is the message's cannot be told, and none is
+    delivered until ``spool check --repair`` holds it for the operator."""
     try:
         raw, path = read_raw_body_file(fs, root, msg_id)
     except FileNotFoundError:
         path = body_file_paths(root, msg_id)[1]
         raise CorruptSpool(path, 0, "body file is missing") from None
+    if copies_differ(fs, root, msg_id):
+        raise CorruptSpool(path, 0, TWO_BODIES)
     problem = check_body_file(raw)
     if problem is not None:
         raise CorruptSpool(path, 0, problem)

@@ -190,6 +190,9 @@ class BodyKeeper:
         """A record naming the copy is queued (it ends at ``end``): the inline body is free,
         and the copy moves to bodies/ once a checkpoint covers the record."""
         self.staged[msg_id] = end
+        # A file of that name doomed earlier (an orphan recovery found: a copy a crash cut
+        # short before its record) is this copy now, written again: it must stay.
+        self.doomed = [m for m in self.doomed if m != msg_id]
         self.release_body(inline, msg_id)
         self.state.counts["bodies_promoted"] += 1
 

@@ -67,9 +67,11 @@ from spool import format as fmt
 from spool import records as rec
 from spool import recovery
 from spool.bodies import (
+    TWO_BODIES,
     body_file_paths,
     check_body_file,
     copies_agree,
+    copies_differ,
     read_body_file,
     read_inline_body,
     read_raw_body_file,
@@ -108,6 +110,10 @@ BODY_FILE_MISSING_REPLY = "554 5.3.0 message data lost in the spool: its body fi
 RESTORED_HOLD = (
     "restored by spool check --repair from a damaged envelope at {region}: check its sender "
     "and recipients before releasing it"
+)
+TWO_BODIES_HOLD = (
+    "two different body files were found: the one in bodies/ is kept as its body, the other "
+    "in corrupt/ (body.ID.STAMP.second): check which is the message's before releasing it"
 )
 RECORDS_LOST_HOLD = (
     "records of this message may have been lost to disk damage at {region}: check whether "
@@ -356,6 +362,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     bad_files = _check_bodies(fs, path, walk, problems)
     walk.bad_files = set(bad_files)
     affected = walk.verdicts()
+    affected.extend(_two_bodies(fs, path, walk))
     regions = [_as_noted(walk, r) for r in regions]
     used_up = walk.unnoted()
     for at in used_up:
@@ -777,8 +784,10 @@ def _twin(fs: FileSystem, root: str, sub: str, name: str) -> str:
     other = fmt.BODY_DIR if sub == fmt.INCOMING_DIR else fmt.INCOMING_DIR
     if _entry_kind(fs, os.path.join(root, other, name)) != _FILE:
         return _FILE
-    if copies_agree(fs, root, name):
-        return _FILE  # a second copy the spool made: the next checkpoint moves it over
+    if copies_agree(fs, root, name) or copies_differ(fs, root, name):
+        # A second copy the spool made (the next checkpoint moves it over); or two valid
+        # ones that differ, which ``_check_bodies`` names (the repair holds the message).
+        return _FILE
     try:
         _raw, body = read_raw_body_file(fs, root, name)
     except FileNotFoundError:
@@ -830,6 +839,10 @@ def _check_bodies(
     for msg_id, state in walk.live.items():
         if state.body is None or state.body.kind != rec.BODY_FILE:
             continue
+        if copies_differ(fs, root, msg_id):
+            path = body_file_paths(root, msg_id)[0]
+            problems.append(Problem(ProblemKind.BODY_FILE, path, 0, TWO_BODIES))
+            continue
         try:
             raw, path = read_raw_body_file(fs, root, msg_id)
         except FileNotFoundError:
@@ -844,6 +857,19 @@ def _check_bodies(
             problems.append(Problem(ProblemKind.BODY_FILE, path, 0, why))
             bad.append(msg_id)
     return bad
+
+
+def _two_bodies(fs: FileSystem, root: str, walk: Assessment) -> list[Affected]:
+    """Live messages with two valid body files that differ: held by the repair, which
+    keeps the one in incoming/ in corrupt/ (``_settle_two_bodies``)."""
+    found = []
+    for msg_id, state in walk.live.items():
+        has_file = state.body is not None and state.body.kind == rec.BODY_FILE
+        if has_file and copies_differ(fs, root, msg_id):
+            where = Region(0, 0, 0, RegionKind.BODY_FILE, f"{fmt.INCOMING_DIR}/{msg_id}")
+            held = state.envelope is not None and state.envelope.held is not None
+            found.append(Affected(msg_id, Verdict.BODY_AMBIGUOUS, where, True, held))
+    return found
 
 
 def _report_unfinished_repairs(
@@ -1280,6 +1306,8 @@ def _restore_one(sp: Spool, path: str, a: Affected) -> str:
 
 def _settle_one(sp: Spool, a: Affected) -> str:
     try:
+        if a.verdict is Verdict.BODY_AMBIGUOUS:
+            return _settle_two_bodies(sp, a)
         if a.verdict is Verdict.BODY_SEGMENT_GONE:
             return _rebind_one(sp, a)
         if a.verdict is Verdict.ENVELOPE_DAMAGED_IN_FLIGHT:
@@ -1302,6 +1330,31 @@ def _settle_one(sp: Spool, a: Affected) -> str:
     except SpoolError as exc:
         return f"could not be settled: {exc}"
     return f"envelope lost at {a.region}: {a.detail}"
+
+
+def _settle_two_bodies(sp: Spool, a: Affected) -> str:
+    """Hold the message, then keep the body file in incoming/ in corrupt/: the one in
+    bodies/ stays its body. A crash between the two leaves it held with both files, and
+    the repair run again moves the second."""
+    if not a.held:
+        sp.hold(a.msg_id, TWO_BODIES_HOLD)
+    fs = sp._state.fs
+    src = body_file_paths(sp.path, a.msg_id)[0]
+    corrupt = os.path.join(sp.path, fmt.CORRUPT_DIR)
+    if not fs.is_dir(corrupt):
+        fs.mkdir(corrupt, 0o700)
+        fs.fsync_dir(sp.path)
+    target = os.path.join(corrupt, f"body.{a.msg_id}.{time.strftime('%Y%m%dT%H%M%S')}.second")
+    # (X6) A crash before the rename leaves both files (the rerun moves it); after it, the
+    # second is in corrupt/, durable with the directory fsyncs below.
+    fs.rename(src, target)
+    fs.fsync_dir(corrupt)
+    fs.fsync_dir(os.path.dirname(src))
+    return (
+        f"two different body files: held; the one in bodies/ stays its body, the other was "
+        f"moved to {os.path.relpath(target, sp.path)}: check which is the message's before "
+        "releasing it"
+    )
 
 
 def _rebind_one(sp: Spool, a: Affected) -> str:

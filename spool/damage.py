@@ -715,6 +715,9 @@ class Verdict(enum.Enum):
     # In flight from its only envelope, which still decodes: recovery restores it held
     # with the recipients its attempt left (R5b), from the copy the marker names.
     ENVELOPE_DAMAGED_IN_FLIGHT = "envelope damaged in flight"
+    # Two valid body files of one message that differ (incoming/ and bodies/): which is
+    # its own cannot be told. Held, the one in incoming/ kept in corrupt/.
+    BODY_AMBIGUOUS = "two different body files"
 
 
 @attrs.frozen

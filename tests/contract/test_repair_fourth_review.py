@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,12 @@ import pytest
 from spool import Spool
 from spool import format as fmt
 from spool.check import check_spool, repair_spool
+from spool.errors import CorruptSpool
 from spool.fs import FileSystem
 from spool.queue_view import walk
 from spool.testing import FakeClock
 
+ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000.0
 OPTS: dict[str, Any] = {
     "inline_body_max": 100,
@@ -241,19 +246,91 @@ def test_a_second_file_in_incoming_never_replaces_the_settled_body(
     else:
         shutil.copyfile(bodies / n, incoming / m)
     (root / fmt.POSITIONS_NAME).unlink()
-    assert any("second file" in p.what for p in check_spool(str(root)).problems)
+    named = "second file" if second == "damaged copy" else "two different valid body files"
+    assert any(named in p.what for p in check_spool(str(root)).problems)
     with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
         sp.checkpoint()
     assert (bodies / m).read_bytes() != (incoming / m).read_bytes()
     report = repair_spool(str(root))
-    assert report.after.clean and not report.fates
+    assert report.after.clean
+    if second == "another message's body":
+        # Two valid files that differ: which is M's cannot be told. Held, both kept.
+        assert [msg for msg, _ in report.fates] == [m]
+        assert any(p.name.endswith(".second") for p in (root / fmt.CORRUPT_DIR).iterdir())
+        assert _contents_delivered(root) == {n: b"N" * 500}
+        with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
+            sp.release(m)  # the operator looked: the file in bodies/ is M's
+    else:
+        assert not report.fates
+    assert _contents_delivered(root) == {m: b"M" * 500} | (
+        {n: b"N" * 500} if second == "damaged copy" else {}
+    )
+
+
+def _contents_delivered(root: Path) -> dict[str, bytes]:
     contents: dict[str, bytes] = {}
     with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
         while (attempt := sp.claim()) is not None:
             contents[attempt.msg_id] = attempt.read_data()
             attempt.delivered(list(attempt.envelope.recipients), "250 ok")
             attempt.close()
-    assert contents == {m: b"M" * 500, n: b"N" * 500}
+    return contents
+
+
+def test_a_foreign_file_in_bodies_beside_a_staged_body_is_never_delivered(
+    tmp_path: Path,
+) -> None:
+    # The mirror: M's body still staged in incoming/, N's body file copied to bodies/M.
+    # Reads took the settled one, and the repair set M's own body aside as the second
+    # file: M delivered with N's content, the repair saying no mail was touched.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
+        n = sp.accept("alice@x.org", ["carol@x.net"], b"N" * 500)
+        sp.checkpoint()
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        assert (root / fmt.INCOMING_DIR / m).is_file()
+        shutil.copyfile(root / fmt.BODY_DIR / n, root / fmt.BODY_DIR / m)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == n
+        attempt.close()
+        with pytest.raises(CorruptSpool):  # neither copy is delivered
+            while (attempt := sp.claim()) is not None:
+                attempt.read_data()
+    report = repair_spool(str(root))
+    assert report.after.clean and [msg for msg, _ in report.fates] == [m]
+    kept = [p for p in (root / fmt.CORRUPT_DIR).iterdir() if p.name.endswith(".second")]
+    assert [p.read_bytes()[-500:] for p in kept] == [b"M" * 500]  # M's own, kept
+    assert m not in _contents_delivered(root)  # held for the operator
+
+
+def test_a_bounce_copy_a_crash_cut_short_is_written_again_and_kept(tmp_path: Path) -> None:
+    # Outcome tracking: a failure's finish copies the inline body to incoming/M; a crash
+    # before the finish is durable. Recovery took the copy for an orphan and doomed it,
+    # then wrote the finish again with a new copy, which the open's checkpoint removed:
+    # the outcome named a body file that was gone, and check called the spool clean.
+    root = tmp_path / "spool"
+    tuning = {"sync_interval": 1000.0, "sync_every": 10**6, "checkpoint_interval": 1000.0}
+    script = f"""
+        import os
+        from spool import Spool
+        from spool.testing import FakeClock
+        sp = Spool.open({str(root)!r}, clock=FakeClock({T0}), outcomes=True, **{tuning!r},
+                        **{OPTS!r})
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 50)
+        sp.checkpoint()
+        attempt = sp.claim()
+        sp.sync()  # the start durable, the finish not
+        attempt.failed(["bob@x.net"], "550 5.1.1 no such user")
+        attempt.close()
+        assert os.listdir({str(root / fmt.INCOMING_DIR)!r}) == [m]
+        os._exit(0)
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(script)], check=True, cwd=ROOT)
+    with Spool.open(root, clock=FakeClock(T0 + 10), outcomes=True, **OPTS) as sp:
+        outcome = sp.next_outcome()
+        assert outcome is not None and outcome.body.kind == "file"
+        assert sp.outcome_body(outcome) == b"M" * 50
+    assert check_spool(str(root)).clean
 
 
 @pytest.mark.parametrize("which", ["first", "last"])
