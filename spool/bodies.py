@@ -87,13 +87,20 @@ def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, s
     agree, and a checkpoint moves the new one over the old), or when something else put
     a file there: then the one that checks is the body, the settled one if both do
     (``spool check`` names the other, the repair moves it aside)."""
-    found = list(_body_files_found(fs, root, msg_id))
-    for raw, path in reversed(found):  # the settled one first, if both check
-        if check_body_file(raw) is None:
-            return raw, path
+    raw, path, _two = _pick(list(_body_files_found(fs, root, msg_id)), root, msg_id)
+    return raw, path
+
+
+def _pick(found: list[tuple[bytes, str]], root: str, msg_id: str) -> tuple[bytes, str, bool]:
+    """``read_raw_body_file``'s choice among the files ``found``, and whether two valid
+    ones differ (``copies_differ``)."""
+    valid = [(raw, path) for raw, path in found if check_body_file(raw) is None]
+    two = len(valid) == 2 and valid[0][0] != valid[1][0]
+    if valid:
+        return (*valid[-1], two)  # the settled one, if both check
     if not found:
         raise FileNotFoundError(errno.ENOENT, "no body file", body_file_paths(root, msg_id)[1])
-    return found[0]
+    return (*found[0], False)
 
 
 TWO_BODIES = (
@@ -106,9 +113,10 @@ def copies_differ(fs: FileSystem, root: str, msg_id: str) -> bool:
     """Whether incoming/ and bodies/ each hold a valid body file of ``msg_id``, and they
     differ: no copy the spool made (its copies agree), and which is the message's cannot
     be told."""
-    found = list(_body_files_found(fs, root, msg_id))
-    valid = [raw for raw, _ in found if check_body_file(raw) is None]
-    return len(valid) == 2 and valid[0] != valid[1]
+    try:
+        return _pick(list(_body_files_found(fs, root, msg_id)), root, msg_id)[2]
+    except FileNotFoundError:
+        return False
 
 
 def copies_agree(fs: FileSystem, root: str, msg_id: str) -> bool:
@@ -142,11 +150,11 @@ def read_body_file(fs: FileSystem, root: str, msg_id: str) -> bytes:
     that differ are ``CorruptSpool``: which is the message's cannot be told, and none is
     delivered until ``spool check --repair`` holds it for the operator."""
     try:
-        raw, path = read_raw_body_file(fs, root, msg_id)
+        raw, path, two = _pick(list(_body_files_found(fs, root, msg_id)), root, msg_id)
     except FileNotFoundError:
         path = body_file_paths(root, msg_id)[1]
         raise CorruptSpool(path, 0, "body file is missing") from None
-    if copies_differ(fs, root, msg_id):
+    if two:
         raise CorruptSpool(path, 0, TWO_BODIES)
     problem = check_body_file(raw)
     if problem is not None:
