@@ -87,8 +87,14 @@ def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, s
     agree, and a checkpoint moves the new one over the old), or when something else put
     a file there: then the one that checks is the body, the settled one if both do
     (``spool check`` names the other, the repair moves it aside)."""
-    raw, path, _two = _pick(list(_body_files_found(fs, root, msg_id)), root, msg_id)
+    raw, path, _two = read_body_files(fs, root, msg_id)
     return raw, path
+
+
+def read_body_files(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, str, bool]:
+    """``read_raw_body_file``, and whether two valid files differ (``copies_differ``),
+    each file read once."""
+    return _pick(list(_body_files_found(fs, root, msg_id)), root, msg_id)
 
 
 def _pick(found: list[tuple[bytes, str]], root: str, msg_id: str) -> tuple[bytes, str, bool]:
@@ -114,7 +120,7 @@ def copies_differ(fs: FileSystem, root: str, msg_id: str) -> bool:
     differ: no copy the spool made (its copies agree), and which is the message's cannot
     be told."""
     try:
-        return _pick(list(_body_files_found(fs, root, msg_id)), root, msg_id)[2]
+        return read_body_files(fs, root, msg_id)[2]
     except FileNotFoundError:
         return False
 
@@ -150,7 +156,7 @@ def read_body_file(fs: FileSystem, root: str, msg_id: str) -> bytes:
     that differ are ``CorruptSpool``: which is the message's cannot be told, and none is
     delivered until ``spool check --repair`` holds it for the operator."""
     try:
-        raw, path, two = _pick(list(_body_files_found(fs, root, msg_id)), root, msg_id)
+        raw, path, two = read_body_files(fs, root, msg_id)
     except FileNotFoundError:
         path = body_file_paths(root, msg_id)[1]
         raise CorruptSpool(path, 0, "body file is missing") from None

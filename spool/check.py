@@ -73,6 +73,7 @@ from spool.bodies import (
     copies_agree,
     copies_differ,
     read_body_file,
+    read_body_files,
     read_inline_body,
     read_raw_body_file,
 )
@@ -359,10 +360,11 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
             + (f" (copies: {', '.join(copies)})" if copies else "")
         )
     live = set(walk.live)
-    bad_files = _check_bodies(fs, path, walk, problems)
+    two_bodies: list[str] = []
+    bad_files = _check_bodies(fs, path, walk, problems, two_bodies)
     walk.bad_files = set(bad_files)
     affected = walk.verdicts()
-    affected.extend(_two_bodies(fs, path, walk))
+    affected.extend(_two_bodies(walk, two_bodies))
     regions = [_as_noted(walk, r) for r in regions]
     used_up = walk.unnoted()
     for at in used_up:
@@ -832,25 +834,27 @@ def _body_path(fs: FileSystem, root: str, msg_id: str) -> str:
 
 
 def _check_bodies(
-    fs: FileSystem, root: str, walk: Assessment, problems: list[Problem]
+    fs: FileSystem, root: str, walk: Assessment, problems: list[Problem], two: list[str]
 ) -> list[str]:
-    """The body files of live messages: each present and intact. Returns the bad ones."""
+    """The body files of live messages: each present and intact, each read once. Returns
+    the bad ones; adds to ``two`` those with two valid files that differ."""
     bad = []
     for msg_id, state in walk.live.items():
         if state.body is None or state.body.kind != rec.BODY_FILE:
             continue
-        if copies_differ(fs, root, msg_id):
-            path = body_file_paths(root, msg_id)[0]
-            problems.append(Problem(ProblemKind.BODY_FILE, path, 0, TWO_BODIES))
-            continue
         try:
-            raw, path = read_raw_body_file(fs, root, msg_id)
+            raw, path, differ = read_body_files(fs, root, msg_id)
         except FileNotFoundError:
             path = body_file_paths(root, msg_id)[1]
             problems.append(
                 Problem(ProblemKind.BODY_FILE, path, 0, "body file of a live message is missing")
             )
             bad.append(msg_id)
+            continue
+        if differ:
+            path = body_file_paths(root, msg_id)[0]
+            problems.append(Problem(ProblemKind.BODY_FILE, path, 0, TWO_BODIES))
+            two.append(msg_id)
             continue
         why = check_body_file(raw)
         if why is not None:
@@ -859,16 +863,15 @@ def _check_bodies(
     return bad
 
 
-def _two_bodies(fs: FileSystem, root: str, walk: Assessment) -> list[Affected]:
-    """Live messages with two valid body files that differ: held by the repair, which
-    keeps the one in incoming/ in corrupt/ (``_settle_two_bodies``)."""
+def _two_bodies(walk: Assessment, two: list[str]) -> list[Affected]:
+    """The live messages ``two`` with two valid body files that differ: held by the
+    repair, which keeps the one in incoming/ in corrupt/ (``_settle_two_bodies``)."""
     found = []
-    for msg_id, state in walk.live.items():
-        has_file = state.body is not None and state.body.kind == rec.BODY_FILE
-        if has_file and copies_differ(fs, root, msg_id):
-            where = Region(0, 0, 0, RegionKind.BODY_FILE, f"{fmt.INCOMING_DIR}/{msg_id}")
-            held = state.envelope is not None and state.envelope.held is not None
-            found.append(Affected(msg_id, Verdict.BODY_AMBIGUOUS, where, True, held))
+    for msg_id in two:
+        env = walk.live[msg_id].envelope
+        where = Region(0, 0, 0, RegionKind.BODY_FILE, f"{fmt.INCOMING_DIR}/{msg_id}")
+        held = env is not None and env.held is not None
+        found.append(Affected(msg_id, Verdict.BODY_AMBIGUOUS, where, True, held))
     return found
 
 

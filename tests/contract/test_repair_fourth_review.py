@@ -8,12 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,14 +20,7 @@ from spool.errors import CorruptSpool
 from spool.fs import FileSystem
 from spool.queue_view import walk
 from spool.testing import FakeClock
-
-ROOT = Path(__file__).resolve().parents[2]
-T0 = 1_800_000_000.0
-OPTS: dict[str, Any] = {
-    "inline_body_max": 100,
-    "retry_intervals": (60.0, 600.0),
-    "max_lifetime": 10**7,
-}
+from tests.contract.repairing import OPTS, T0, run_child
 
 
 def _fifo(path: Path) -> None:
@@ -325,7 +314,7 @@ def test_a_bounce_copy_a_crash_cut_short_is_written_again_and_kept(tmp_path: Pat
         assert os.listdir({str(root / fmt.INCOMING_DIR)!r}) == [m]
         os._exit(0)
     """
-    subprocess.run([sys.executable, "-c", textwrap.dedent(script)], check=True, cwd=ROOT)
+    run_child(script)
     with Spool.open(root, clock=FakeClock(T0 + 10), outcomes=True, **OPTS) as sp:
         outcome = sp.next_outcome()
         assert outcome is not None and outcome.body.kind == "file"

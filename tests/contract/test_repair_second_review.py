@@ -6,43 +6,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from spool import Spool
 from spool import format as fmt
 from spool.check import check_spool, repair_spool
-from spool.fs import FileSystem
-from spool.queue_view import walk
 from spool.testing import FakeClock
-
-T0 = 1_800_000_000.0
-OPTS: dict[str, Any] = {
-    "inline_body_max": 100,
-    "retry_intervals": (60.0, 600.0),
-    "max_lifetime": 10**7,
-}
-
-
-def _records(root: Path) -> list[Any]:
-    return list(walk(FileSystem(), str(root), skip_bodies=False))
-
-
-def _flip(root: Path, *bits: tuple[int, int]) -> None:
-    seg = root / fmt.LOG_DIR / fmt.segment_name(1)
-    data = bytearray(seg.read_bytes())
-    for offset, mask in bits:
-        data[offset] ^= mask
-    seg.write_bytes(bytes(data))
-
-
-def _claimed_later(root: Path) -> list[str]:
-    """Every message a claim hands out a day later (each closed again)."""
-    handed = []
-    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
-        while (attempt := sp.claim()) is not None:
-            handed.append(attempt.msg_id)
-            attempt.close()
-    return handed
+from tests.contract.repairing import OPTS, T0, claimed_later, flip, records
 
 
 def test_a_start_known_exactly_holds_nobody_else(tmp_path: Path) -> None:
@@ -56,8 +25,8 @@ def test_a_start_known_exactly_holds_nobody_else(tmp_path: Path) -> None:
         assert attempt is not None and attempt.msg_id == a
         with attempt:
             attempt.delivered(["bob@x.net"], "250 ok")
-    start = next(p for p, r, _ in _records(root) if type(r).__name__ == "Start")
-    _flip(root, (start.offset, 1), (start.offset + 1, 1))  # two bits of its stored CRC
+    start = next(p for p, r, _ in records(root) if type(r).__name__ == "Start")
+    flip(root, (start.offset, 1), (start.offset + 1, 1))  # two bits of its stored CRC
     report = repair_spool(str(root))
     assert report.after.clean and b not in {m for m, _ in report.fates}
     with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
@@ -79,13 +48,13 @@ def test_a_lost_start_noted_beside_damaged_padding_keeps_its_note(tmp_path: Path
         sp.sync()
         attempt.close()
         sp.sync()
-    items = _records(root)
+    items = records(root)
     start = next(p for p, r, _ in items if type(r).__name__ == "Start")
     delta = next(p for p, r, _ in items if type(r).__name__ == "Delta")
     pad = next(p for p, _, f in items if f is not None and f.type == fmt.T_PAD and p > delta)
-    _flip(root, (start.offset + 4, 0x18), (pad.offset + 20, 1), (pad.offset + 40, 1))
+    flip(root, (start.offset + 4, 0x18), (pad.offset + 20, 1), (pad.offset + 40, 1))
     assert repair_spool(str(root)).after.clean
-    assert _claimed_later(root) == []
+    assert claimed_later(root) == []
 
 
 def test_giving_back_a_start_keeps_the_other_notes_of_its_region(tmp_path: Path) -> None:
@@ -105,15 +74,15 @@ def test_giving_back_a_start_keeps_the_other_notes_of_its_region(tmp_path: Path)
             attempt.delivered([rcpt], "250 ok")
             attempt.close()
             sp.sync()
-    starts = {r.msg_id: p for p, r, _ in _records(root) if type(r).__name__ == "Start"}
-    _flip(
+    starts = {r.msg_id: p for p, r, _ in records(root) if type(r).__name__ == "Start"}
+    flip(
         root,
         (starts[d].offset + 4, 0x18),  # D's START: its length, unreadable
         (starts[x].offset, 1),  # X's: two bits of its stored CRC, still decoding
         (starts[x].offset + 1, 1),
     )
     assert repair_spool(str(root)).after.clean
-    assert _claimed_later(root) == []
+    assert claimed_later(root) == []
 
 
 def test_a_directory_in_place_of_a_settled_body_file_names_its_message(tmp_path: Path) -> None:
@@ -146,10 +115,10 @@ def test_a_damaged_outcome_acknowledgement_holds_no_queued_mail(tmp_path: Path) 
         sp.ack_outcome(n)
     ack = next(
         p
-        for p, r, _ in _records(root)
+        for p, r, _ in records(root)
         if type(r).__name__ == "Control" and r.action == "outcome-ack"
     )
-    _flip(root, (ack.offset, 1), (ack.offset + 1, 1))
+    flip(root, (ack.offset, 1), (ack.offset + 1, 1))
     report = repair_spool(str(root))
     assert report.after.clean and q not in {m for m, _ in report.fates}
     with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:

@@ -10,64 +10,15 @@ now a record of its own (``used-up``), appended by the repair."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from spool import Spool
 from spool import format as fmt
 from spool.check import check_spool, repair_spool
-from spool.fs import FileSystem
-from spool.queue_view import walk
 from spool.testing import FakeClock
-
-ROOT = Path(__file__).resolve().parents[2]
-T0 = 1_800_000_000.0
-OPTS: dict[str, Any] = {
-    "inline_body_max": 100,
-    "retry_intervals": (60.0, 600.0),
-    "max_lifetime": 10**7,
-}
-
-
-def _records(root: Path) -> list[Any]:
-    return list(walk(FileSystem(), str(root), skip_bodies=False))
-
-
-def _kind(record: Any) -> str:
-    return type(record).__name__
-
-
-def _flip(root: Path, *bits: tuple[int, int], segment: int = 1) -> None:
-    seg = root / fmt.LOG_DIR / fmt.segment_name(segment)
-    data = bytearray(seg.read_bytes())
-    for offset, mask in bits:
-        data[offset] ^= mask
-    seg.write_bytes(bytes(data))
-
-
-def _claimed_later(root: Path) -> list[str]:
-    """Every message a claim hands out a day later (each closed again)."""
-    handed = []
-    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
-        while (attempt := sp.claim()) is not None:
-            handed.append(attempt.msg_id)
-            attempt.close()
-    return handed
-
-
-def _run_child(script: str) -> str:
-    """``script`` in a child interpreter that ends with ``os._exit`` (a crash)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True, text=True, cwd=ROOT, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+from tests.contract.repairing import OPTS, T0, claimed_later, flip, kind, records, run_child
 
 
 def test_a_lost_start_beside_a_tiny_damaged_body_is_noted(tmp_path: Path) -> None:
@@ -82,15 +33,15 @@ def test_a_lost_start_beside_a_tiny_damaged_body_is_noted(tmp_path: Path) -> Non
         e = sp.accept("alice@x.org", ["carol@x.net"], b"e" * 4)  # a BODY frame of 29 bytes
         attempt.delivered(["bob@x.net"], "250 ok")
         attempt.close()
-    items = _records(root)
-    start = next(p for p, r, _ in items if _kind(r) == "Start")
+    items = records(root)
+    start = next(p for p, r, _ in items if kind(r) == "Start")
     body = next(p for p, _, f in items if f is not None and f.type == fmt.T_BODY and p > start)
     assert next(f.size for p, _, f in items if p == body) == 29
-    _flip(root, (start.offset + 4, 0x18), (body.offset + 20, 1), (body.offset + 27, 1))
+    flip(root, (start.offset + 4, 0x18), (body.offset + 20, 1), (body.offset + 27, 1))
     report = repair_spool(str(root))
     assert report.after.clean
     assert e in {m for m, _ in report.fates}  # its body lost: failed, a bounce says so
-    assert _claimed_later(root) == []
+    assert claimed_later(root) == []
 
 
 @pytest.mark.parametrize("how", ["missing", "header and first frame"])
@@ -99,7 +50,7 @@ def test_a_lost_start_in_a_whole_lost_segment_is_noted(tmp_path: Path, how: str)
     # its salt and first frame unreadable): the rewrite built a fresh marker without the
     # note, and D, delivered, was handed out again.
     root = tmp_path / "spool"
-    out = _run_child(f"""
+    out = run_child(f"""
         import os
         from spool import Spool
         from spool.testing import FakeClock
@@ -126,15 +77,15 @@ def test_a_lost_start_in_a_whole_lost_segment_is_noted(tmp_path: Path, how: str)
     """)
     d = out.split()[0]
     log = root / fmt.LOG_DIR
-    where = {(_kind(r), r.msg_id): p.segment for p, r, _ in _records(root) if r is not None}
+    where = {(kind(r), r.msg_id): p.segment for p, r, _ in records(root) if r is not None}
     assert (where[("Envelope", d)], where[("Start", d)], where[("Finish", d)]) == (1, 2, 3)
     if how == "missing":
         os.unlink(log / fmt.segment_name(2))
     else:
-        _flip(root, (24, 1), (28, 1), (fmt.SEGMENT_HEADER_SIZE + 4, 0x18), segment=2)
+        flip(root, (24, 1), (28, 1), (fmt.SEGMENT_HEADER_SIZE + 4, 0x18), segment=2)
     report = repair_spool(str(root))
     assert report.after.clean
-    assert d not in _claimed_later(root)
+    assert d not in claimed_later(root)
 
 
 def test_a_lost_start_after_an_earlier_repairs_marker_is_noted(tmp_path: Path) -> None:
@@ -149,15 +100,15 @@ def test_a_lost_start_after_an_earlier_repairs_marker_is_noted(tmp_path: Path) -
         x = sp.accept("alice@x.org", ["xav@x.net"], b"x" * 60)
         attempt.delivered(["bob@x.net"], "250 ok")
         attempt.close()
-    items = _records(root)
-    start = next(p for p, r, _ in items if _kind(r) == "Start")
+    items = records(root)
+    start = next(p for p, r, _ in items if kind(r) == "Start")
     body = next(p for p, _, f in items if f is not None and f.type == fmt.T_BODY and p > start)
-    _flip(root, (body.offset + 30, 1), (body.offset + 50, 1))
+    flip(root, (body.offset + 30, 1), (body.offset + 50, 1))
     first = repair_spool(str(root))
     assert first.after.clean and x in {m for m, _ in first.fates}
-    _flip(root, (start.offset + 4, 0x18))
+    flip(root, (start.offset + 4, 0x18))
     assert repair_spool(str(root)).after.clean
-    assert _claimed_later(root) == []
+    assert claimed_later(root) == []
 
 
 def test_giving_back_a_start_after_its_message_finished_keeps_its_note(tmp_path: Path) -> None:
@@ -177,15 +128,15 @@ def test_giving_back_a_start_after_its_message_finished_keeps_its_note(tmp_path:
             attempt.delivered([rcpt], "250 ok")
             attempt.close()
             sp.sync()
-    starts = {r.msg_id: p for p, r, _ in _records(root) if _kind(r) == "Start"}
-    _flip(
+    starts = {r.msg_id: p for p, r, _ in records(root) if kind(r) == "Start"}
+    flip(
         root,
         (starts[d].offset + 4, 0x18),  # D's START: its length, unreadable
         (starts[x].offset, 1),  # X's: two bits of its stored CRC, still decoding
         (starts[x].offset + 1, 1),
     )
     assert repair_spool(str(root)).after.clean
-    assert _claimed_later(root) == []
+    assert claimed_later(root) == []
 
 
 @pytest.mark.parametrize("where", [fmt.BODY_DIR, fmt.INCOMING_DIR])
@@ -209,11 +160,7 @@ def test_a_fifo_in_place_of_a_body_file_neither_hangs_check_nor_repair(
         if not report.after.clean:
             sys.exit("not clean after the repair")
     """
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    run_child(code, timeout=60)
     with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
         live = {e.msg_id for e in sp.list()}
         if where == fmt.INCOMING_DIR:
@@ -235,7 +182,7 @@ def test_a_damaged_hold_in_flight_with_its_target_hit_holds_on_the_second_check(
     # its marker kept the damaged id, and the second check (which the repair settles from)
     # found no target in flight: nobody was held, and M was claimed a day later.
     root = tmp_path / "spool"
-    out = _run_child(f"""
+    out = run_child(f"""
         import os
         from spool import Spool
         from spool.testing import FakeClock
@@ -249,8 +196,8 @@ def test_a_damaged_hold_in_flight_with_its_target_hit_holds_on_the_second_check(
         os._exit(0)  # a crash with the attempt open
     """)
     m = out.split()[0]
-    items = _records(root)
-    control = next(p for p, r, _ in items if _kind(r) == "Control")
+    items = records(root)
+    control = next(p for p, r, _ in items if kind(r) == "Control")
     seg = root / fmt.LOG_DIR / fmt.segment_name(control.segment)
     data = bytearray(seg.read_bytes())
     at = data.index(m.encode(), control.offset)
@@ -262,4 +209,4 @@ def test_a_damaged_hold_in_flight_with_its_target_hit_holds_on_the_second_check(
     with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
         (entry,) = sp.list()
     assert entry.msg_id == m and entry.held
-    assert m not in _claimed_later(root)
+    assert m not in claimed_later(root)
