@@ -101,7 +101,7 @@ def _pick(found: list[tuple[bytes, str]], root: str, msg_id: str) -> tuple[bytes
     """``read_raw_body_file``'s choice among the files ``found``, and whether two valid
     ones differ (``copies_differ``)."""
     valid = [(raw, path) for raw, path in found if check_body_file(raw) is None]
-    two = len(valid) == 2 and valid[0][0] != valid[1][0]
+    two = len(valid) == 2 and not _same_body(valid[0][0], valid[1][0])
     if valid:
         return (*valid[-1], two)  # the settled one, if both check
     if not found:
@@ -126,12 +126,26 @@ def copies_differ(fs: FileSystem, root: str, msg_id: str) -> bool:
 
 
 def copies_agree(fs: FileSystem, root: str, msg_id: str) -> bool:
-    """Whether ``msg_id``'s body file in incoming/ holds exactly the bytes of the one in
-    bodies/: a second copy the spool made of the same body (a body promoted again after
-    a repair's hold, a restored envelope), which may replace the first. Anything else
-    beside a settled body file is not the spool's."""
+    """Whether ``msg_id``'s body file in incoming/ holds the same body as the one in
+    bodies/ (``_same_body``): a second copy the spool made of the same body (a body
+    promoted again after a repair's hold, a restored envelope), which may replace the
+    first. Anything else beside a settled body file is not the spool's."""
     found = list(_body_files_found(fs, root, msg_id))
-    return len(found) == 2 and found[0][0] == found[1][0]
+    return len(found) == 2 and _same_body(found[0][0], found[1][0])
+
+
+def _same_body(one: bytes, other: bytes) -> bool:
+    """Whether two body files hold the same message data: the same bytes, or two valid
+    files whose headers differ only in what does not change the data (a body file of an
+    earlier format version beside the copy this version wrote again)."""
+    if one == other:
+        return True
+    size = fmt.BODY_HEADER_SIZE
+    return (
+        one[size:] == other[size:]
+        and check_body_file(one) is None
+        and check_body_file(other) is None
+    )
 
 
 def _body_files_found(fs: FileSystem, root: str, msg_id: str) -> Iterator[tuple[bytes, str]]:

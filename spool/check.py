@@ -91,7 +91,7 @@ from spool.damage import (
     scan_segment,
     whole_ids,
 )
-from spool.directory import archive_file
+from spool.directory import archive_file, check_layout
 from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
 from spool.fs import FileSystem, read_file, write_file_durably
 from spool.lock import OwnerLock
@@ -199,6 +199,7 @@ def check_spool(
 ) -> CheckReport:
     """Verify the spool at ``path`` end to end; see the module docstring."""
     fs = fs or FileSystem()
+    check_layout(fs, path)  # an entry of the wrong kind: refused, nothing to check past it
     for _ in range(CHECK_PASSES):
         before = _fingerprint(fs, path)
         report = _check_once(fs, path, progress)
@@ -1011,6 +1012,7 @@ def repair_spool(path: str, fs: FileSystem | None = None) -> RepairReport:
     """Set damage aside so that the spool opens, keeping every intact frame (module
     docstring). Needs the spool to itself: ``SpoolLocked`` while an owner runs."""
     fs = fs or FileSystem()
+    check_layout(fs, path)  # refused before the first change (a repair would stop half way)
     owner = OwnerLock(fs, os.path.join(path, fmt.LOCK_NAME), path)
     flag = os.path.join(path, fmt.REPAIRING_NAME)
     try:
@@ -1163,9 +1165,9 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
             moved = True
     if moved:
         fs.fsync_dir(corrupt)
-        fs.fsync_dir(body_dir)
-        if fs.is_dir(os.path.join(root, fmt.INCOMING_DIR)):
-            fs.fsync_dir(os.path.join(root, fmt.INCOMING_DIR))
+        for sub in (body_dir, os.path.join(root, fmt.INCOMING_DIR)):
+            if fs.is_dir(sub):  # absent (removed by hand): the next open makes it again
+                fs.fsync_dir(sub)
         fs.fsync_dir(root)
     regions = {seg: [r for r in report.regions if r.segment == seg] for seg in damaged}
     for seg in damaged:

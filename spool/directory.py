@@ -61,6 +61,7 @@ def prepare_directory(fs: FileSystem, path: str) -> None:
         )
     if not fs.access(path, os.W_OK | os.X_OK):
         raise BadSpoolDirectory(path, "not writable by this user (read-only file system?)")
+    check_layout(fs, path)
     for sub in (fmt.LOG_DIR, fmt.BODY_DIR, fmt.INCOMING_DIR):
         sub_path = os.path.join(path, sub)
         if not fs.is_dir(sub_path):
@@ -74,6 +75,60 @@ def prepare_directory(fs: FileSystem, path: str) -> None:
                 raise BadSpoolDirectory(
                     path, f"cannot create {sub}/: {exc.strerror or exc}"
                 ) from exc
+
+
+# The entries of a spool directory and what each must be when present (docs/format.md).
+_DIRECTORIES = (fmt.LOG_DIR, fmt.BODY_DIR, fmt.INCOMING_DIR, fmt.CORRUPT_DIR)
+_FILES = (fmt.LOCK_NAME, fmt.REPAIRING_NAME)
+
+
+def check_layout(fs: FileSystem, path: str) -> None:
+    """Refuse, with ``BadSpoolDirectory`` and before anything is written, a spool in which
+    an entry the spool itself makes is of another kind: a file where ``log/``,
+    ``bodies/``, ``incoming/`` or ``corrupt/`` belongs, or a directory (a FIFO, a
+    dangling link) where the ``lock`` or ``repairing`` file belongs. The spool never makes
+    such an entry and cannot use one: an open, a check or a repair would stop half way on
+    an ``OSError``. What the check and the repair set right themselves (the positions, the
+    settings, the entries inside ``log/``, ``bodies/``, ``incoming/``) is left to them."""
+    for name, want_dir in [(d, True) for d in _DIRECTORIES] + [(f, False) for f in _FILES]:
+        entry = os.path.join(path, name)
+        try:
+            mode = fs.stat(entry).st_mode
+        except FileNotFoundError:
+            if not fs.is_link(entry):
+                # Absent: made when needed (or made just now by a racing opener, which
+                # makes only entries of the right kind).
+                continue
+            mode = 0  # a link to nothing
+        except OSError as exc:
+            raise BadSpoolDirectory(path, f"cannot look at {name}: {exc.strerror or exc}") from exc
+        if want_dir and not stat.S_ISDIR(mode):
+            raise BadSpoolDirectory(
+                path,
+                f"{name} is {_kind(mode)} where the directory {name}/ belongs: the spool "
+                "never makes one; move it out of the spool directory and run the command again",
+            )
+        if not want_dir and not stat.S_ISREG(mode):
+            raise BadSpoolDirectory(
+                path,
+                f"{name} is {_kind(mode)} where the spool keeps its {name} file: the spool "
+                "never makes one; move it out of the spool directory and run the command again",
+            )
+
+
+def _kind(mode: int) -> str:
+    """What an entry is, in an error message."""
+    if mode == 0:
+        return "a link to nothing"
+    for test, what in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return what
+    return "a device"
 
 
 def prepare_archive(fs: FileSystem, archive_dir: str) -> None:

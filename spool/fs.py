@@ -97,6 +97,14 @@ class FileSystem:
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(path)
 
+    def is_link(self, path: str) -> bool:
+        """Whether ``path`` is a symbolic link (dangling or not)."""
+        return os.path.islink(path)
+
+    def is_regular(self, path: str) -> bool:
+        """Whether ``path`` is a regular file (through links; a dangling link is not)."""
+        return os.path.isfile(path)
+
     def access(self, path: str, mode: int) -> bool:
         """os.access: whether this user may ``mode`` (os.W_OK, ...) ``path``."""
         return os.access(path, mode)

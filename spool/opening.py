@@ -102,6 +102,12 @@ def open_spool(
             # message it would restore from the copy it kept might be lost to the owner's
             # checkpoints. Refused (nothing written) until a repair runs to its end.
             raise CorruptSpool(flag, 0, "a repair of this spool was interrupted")
+        for name in (fmt.POSITIONS_NAME, fmt.SETTINGS_NAME):
+            entry = os.path.join(path, name)
+            if fs.lexists(entry) and not fs.is_regular(entry):
+                # Not one the spool wrote (a directory, a FIFO, a dangling link): its
+                # first checkpoint could not replace it. The repair moves it aside.
+                raise CorruptSpool(entry, 0, "not a regular file")
         options, changed = options_for_open(fs, path, given)
         archive = archive_path(path, options)
         if archive is not None:
