@@ -150,14 +150,16 @@ def _same_body(one: bytes, other: bytes) -> bool:
 
 def _body_files_found(fs: FileSystem, root: str, msg_id: str) -> Iterator[tuple[bytes, str]]:
     """The content and path of each regular file named ``msg_id`` in incoming/, then
-    bodies/ (a file moving from the one to the other meanwhile is seen once or twice)."""
+    bodies/ (a file moving from the one to the other meanwhile is seen once or twice).
+    A symbolic link is none: the spool never makes one there, and one in incoming/ to the
+    settled file would read as a copy that agrees, which a checkpoint moves over it."""
     for path in body_file_paths(root, msg_id):
         try:
-            fd = fs.open(path, os.O_RDONLY)
+            fd = fs.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             continue  # not staged (or moved on to bodies/ meanwhile), or not there at all
         except OSError:
-            continue  # a socket (ENXIO), a looping link (ELOOP): not a body file
+            continue  # a link (ELOOP), a socket (ENXIO): not a body file
         try:
             if fs.is_file(fd):
                 yield fs.pread(fd, fs.size(fd), 0), path

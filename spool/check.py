@@ -761,7 +761,7 @@ def _body_files(fs: FileSystem, root: str) -> set[str]:
 
 def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[str]:
     """Entries in incoming/ or bodies/ that are not regular files: directories, FIFOs,
-    devices, sockets, broken links (only the spool writes there, and only files). Each is
+    devices, sockets, symbolic links (only the spool writes there, and only files). Each is
     a problem, moved to corrupt/ by the repair: one named as a live message's id would
     otherwise stand where its body file is looked for."""
     found = []
@@ -769,7 +769,7 @@ def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[s
         with contextlib.suppress(FileNotFoundError):
             for name in sorted(fs.listdir(os.path.join(root, sub))):
                 path = os.path.join(root, sub, name)
-                kind = _entry_kind(fs, path)
+                kind = "a symbolic link" if fs.is_link(path) else _entry_kind(fs, path)
                 if kind == _FILE:
                     kind = _twin(fs, root, sub, name)
                 if kind not in (_FILE, _GONE):

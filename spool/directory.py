@@ -77,20 +77,32 @@ def prepare_directory(fs: FileSystem, path: str) -> None:
                 ) from exc
 
 
-# The entries of a spool directory and what each must be when present (docs/format.md).
-_DIRECTORIES = (fmt.LOG_DIR, fmt.BODY_DIR, fmt.INCOMING_DIR, fmt.CORRUPT_DIR)
-_FILES = (fmt.LOCK_NAME, fmt.REPAIRING_NAME)
+# The entries of a spool directory and what each must be when present (docs/format.md):
+# a directory, a regular file, or (the control socket, which an owner replaces) anything
+# but a directory.
+_DIRECTORY, _FILE, _NOT_DIRECTORY = "directory", "file", "not a directory"
+_LAYOUT = (
+    (fmt.LOG_DIR, _DIRECTORY),
+    (fmt.BODY_DIR, _DIRECTORY),
+    (fmt.INCOMING_DIR, _DIRECTORY),
+    (fmt.CORRUPT_DIR, _DIRECTORY),
+    (fmt.LOCK_NAME, _FILE),
+    (fmt.REPAIRING_NAME, _FILE),
+    (fmt.SOCKET_NAME, _NOT_DIRECTORY),
+)
 
 
 def check_layout(fs: FileSystem, path: str) -> None:
     """Refuse, with ``BadSpoolDirectory`` and before anything is written, a spool in which
     an entry the spool itself makes is of another kind: a file where ``log/``,
-    ``bodies/``, ``incoming/`` or ``corrupt/`` belongs, or a directory (a FIFO, a
-    dangling link) where the ``lock`` or ``repairing`` file belongs. The spool never makes
+    ``bodies/``, ``incoming/`` or ``corrupt/`` belongs, a directory (a FIFO, a dangling
+    link) where the ``lock`` or ``repairing`` file belongs, or a directory named as the
+    control socket (which ``spool serve`` replaces when it is anything else). The spool
+    never makes
     such an entry and cannot use one: an open, a check or a repair would stop half way on
     an ``OSError``. What the check and the repair set right themselves (the positions, the
     settings, the entries inside ``log/``, ``bodies/``, ``incoming/``) is left to them."""
-    for name, want_dir in [(d, True) for d in _DIRECTORIES] + [(f, False) for f in _FILES]:
+    for name, want in _LAYOUT:
         entry = os.path.join(path, name)
         try:
             mode = fs.stat(entry).st_mode
@@ -102,13 +114,20 @@ def check_layout(fs: FileSystem, path: str) -> None:
             mode = 0  # a link to nothing
         except OSError as exc:
             raise BadSpoolDirectory(path, f"cannot look at {name}: {exc.strerror or exc}") from exc
-        if want_dir and not stat.S_ISDIR(mode):
+        if want == _NOT_DIRECTORY and stat.S_ISDIR(mode):
+            raise BadSpoolDirectory(
+                path,
+                f"{name} is a directory where the owner's control socket belongs: the "
+                "spool never makes one; move it out of the spool directory and run the "
+                "command again",
+            )
+        if want == _DIRECTORY and not stat.S_ISDIR(mode):
             raise BadSpoolDirectory(
                 path,
                 f"{name} is {_kind(mode)} where the directory {name}/ belongs: the spool "
                 "never makes one; move it out of the spool directory and run the command again",
             )
-        if not want_dir and not stat.S_ISREG(mode):
+        if want == _FILE and not stat.S_ISREG(mode):
             raise BadSpoolDirectory(
                 path,
                 f"{name} is {_kind(mode)} where the spool keeps its {name} file: the spool "

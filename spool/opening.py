@@ -104,9 +104,10 @@ def open_spool(
             raise CorruptSpool(flag, 0, "a repair of this spool was interrupted")
         for name in (fmt.POSITIONS_NAME, fmt.SETTINGS_NAME):
             entry = os.path.join(path, name)
-            if fs.lexists(entry) and not fs.is_regular(entry):
-                # Not one the spool wrote (a directory, a FIFO, a dangling link): its
-                # first checkpoint could not replace it. The repair moves it aside.
+            if fs.exists(entry) and not fs.is_regular(entry):
+                # Not one the spool wrote (a directory, a FIFO): its first checkpoint could
+                # not replace it; `spool check` names it and the repair moves it aside. A
+                # dangling or looping link reads as no file, and the rename replaces it.
                 raise CorruptSpool(entry, 0, "not a regular file")
         options, changed = options_for_open(fs, path, given)
         archive = archive_path(path, options)

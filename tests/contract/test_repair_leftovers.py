@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,71 @@ def test_a_version_1_body_file_beside_this_versions_copy_is_the_same_body(
         attempt.close()
         assert sp.claim() is None
     assert check_spool(str(root)).clean
+
+
+# --- found by the review of those fixes ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [fmt.POSITIONS_NAME, fmt.SETTINGS_NAME])
+@pytest.mark.parametrize("link", ["dangling", "looping"])
+def test_a_link_to_nothing_at_positions_or_settings_opens_or_is_repaired(
+    tmp_path: Path, name: str, link: str
+) -> None:
+    # The fix above refused it as "not a regular file", pointing at check --repair, while
+    # check called the spool clean and the repair had nothing to do: never opened again.
+    # A spool check calls clean opens; one it does not, the repair sets right.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        msg = sp.accept("alice@x.org", ["bob@x.net"], b"m" * 50)
+    entry = root / name
+    entry.unlink()
+    os.symlink(tmp_path / "nowhere" if link == "dangling" else entry, entry)
+    if not check_spool(str(root)).clean:  # a looping link reads as a damaged file
+        assert link == "looping"
+        assert repair_spool(str(root)).after.clean
+    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg
+        attempt.close()
+    assert not entry.is_symlink()  # replaced by the open's own file
+    assert check_spool(str(root)).clean
+
+
+def test_a_directory_at_the_control_socket_is_refused_before_serving(tmp_path: Path) -> None:
+    # check called the spool clean; `spool serve` recovered it, then died binding its
+    # socket with a bare IsADirectoryError.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        sp.accept("alice@x.org", ["bob@x.net"], b"m" * 50)
+    (root / fmt.SOCKET_NAME).mkdir()
+    with pytest.raises(BadSpoolDirectory, match="control socket"):
+        check_spool(str(root))
+    proc = subprocess.run(
+        [sys.executable, "-m", "spool.cli", "serve", str(root)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert proc.stderr.count("\n") == 1 and "control socket" in proc.stderr, proc.stderr
+
+
+def test_a_link_in_incoming_to_the_settled_body_never_replaces_it(tmp_path: Path) -> None:
+    # incoming/M a symbolic link to bodies/M: the two read as agreeing copies, check
+    # called the spool clean, and the open's checkpoint renamed the link over the body
+    # file: bodies/M a link to itself, M's data gone.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+    settled = root / fmt.BODY_DIR / m
+    os.symlink(settled, root / fmt.INCOMING_DIR / m)
+    (root / fmt.POSITIONS_NAME).unlink()  # recovery scans M's envelope again
+    report = check_spool(str(root))
+    assert any("symbolic link" in p.what for p in report.problems)
+    with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
+        sp.checkpoint()
+    assert settled.is_file() and not settled.is_symlink()
+    assert repair_spool(str(root)).after.clean
+    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
+        attempt = sp.claim()
+        assert attempt is not None and attempt.read_data() == b"M" * 500
+        attempt.delivered(["bob@x.net"], "250 ok")
+        attempt.close()
