@@ -75,6 +75,12 @@ def body_file_paths(root: str, msg_id: str) -> tuple[str, str]:
     return os.path.join(root, fmt.INCOMING_DIR, msg_id), os.path.join(root, fmt.BODY_DIR, msg_id)
 
 
+def is_body_entry(fs: FileSystem, path: str) -> bool:
+    """Whether ``path`` is a regular file itself, not a link to one: the only entry in
+    incoming/ or bodies/ that can be a body file (``_body_files_found``)."""
+    return not fs.is_link(path) and fs.is_regular(path)
+
+
 def read_raw_body_file(fs: FileSystem, root: str, msg_id: str) -> tuple[bytes, str]:
     """The whole of ``msg_id``'s body file and its path, wherever it is: the first that
     checks, else the first found (unchecked); ``FileNotFoundError`` if neither place holds

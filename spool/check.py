@@ -72,6 +72,7 @@ from spool.bodies import (
     check_body_file,
     copies_agree,
     copies_differ,
+    is_body_entry,
     read_body_file,
     read_body_files,
     read_inline_body,
@@ -754,7 +755,7 @@ def _body_files(fs: FileSystem, root: str) -> set[str]:
     for sub in (fmt.INCOMING_DIR, fmt.BODY_DIR):
         with contextlib.suppress(FileNotFoundError):
             for name in fs.listdir(os.path.join(root, sub)):
-                if _entry_kind(fs, os.path.join(root, sub, name)) in (_FILE, _GONE):
+                if _body_entry_kind(fs, os.path.join(root, sub, name)) in (_FILE, _GONE):
                     names.add(name)
     return names
 
@@ -769,7 +770,7 @@ def _stray_entries(fs: FileSystem, root: str, problems: list[Problem]) -> list[s
         with contextlib.suppress(FileNotFoundError):
             for name in sorted(fs.listdir(os.path.join(root, sub))):
                 path = os.path.join(root, sub, name)
-                kind = "a symbolic link" if fs.is_link(path) else _entry_kind(fs, path)
+                kind = _body_entry_kind(fs, path)
                 if kind == _FILE:
                     kind = _twin(fs, root, sub, name)
                 if kind not in (_FILE, _GONE):
@@ -785,7 +786,7 @@ def _twin(fs: FileSystem, root: str, sub: str, name: str) -> str:
     body (``read_raw_body_file``: the one that checks, the settled one if both do): then
     what this one is."""
     other = fmt.BODY_DIR if sub == fmt.INCOMING_DIR else fmt.INCOMING_DIR
-    if _entry_kind(fs, os.path.join(root, other, name)) != _FILE:
+    if _body_entry_kind(fs, os.path.join(root, other, name)) != _FILE:
         return _FILE
     if copies_agree(fs, root, name) or copies_differ(fs, root, name):
         # A second copy the spool made (the next checkpoint moves it over); or two valid
@@ -824,6 +825,12 @@ def _entry_kind(fs: FileSystem, path: str) -> str:
     return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
 
 
+def _body_entry_kind(fs: FileSystem, path: str) -> str:
+    """``_entry_kind`` of an entry in incoming/ or bodies/, where a symbolic link is never
+    a body file (``bodies.is_body_entry``), whatever it points to."""
+    return "a symbolic link" if fs.is_link(path) else _entry_kind(fs, path)
+
+
 def _body_path(fs: FileSystem, root: str, msg_id: str) -> str:
     """Where the body file of ``msg_id`` is now: incoming/ or bodies/. ``msg_id`` is an id
     or a name listed there (a stray file is an orphan too); anything else is refused
@@ -831,7 +838,7 @@ def _body_path(fs: FileSystem, root: str, msg_id: str) -> str:
     if msg_id in ("", ".", "..") or "/" in msg_id or "\0" in msg_id:
         raise ValueError(f"not a body file name: {msg_id!r}")
     staged, settled = body_file_paths(root, msg_id)
-    return staged if fs.exists(staged) else settled
+    return staged if is_body_entry(fs, staged) else settled
 
 
 def _check_bodies(
@@ -1067,6 +1074,13 @@ def _positions_aside(fs: FileSystem, root: str, report: CheckReport) -> None:
     fs.fsync_dir(root)
 
 
+def _shadows_a_staged_body(fs: FileSystem, root: str, entry: str) -> bool:
+    """Whether the stray ``entry`` is in bodies/ with a body file of its name in
+    incoming/."""
+    sub, name = os.path.split(entry)
+    return sub == fmt.BODY_DIR and is_body_entry(fs, body_file_paths(root, name)[0])
+
+
 def _needs_repair(report: CheckReport) -> bool:
     return bool(
         report.regions
@@ -1116,6 +1130,13 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
             fs.rename(src, target)
             done.append(f"moved the damaged body file {src} to {target}")
             moved = True
+    if any(_shadows_a_staged_body(fs, root, entry) for entry in report.stray_entries):
+        # A stray entry in bodies/ kept the checkpoints from settling a live body staged
+        # under its name, and their positions may lie past its envelope: with the entry
+        # gone, recovery (no longer scanning that envelope) would take the staged file
+        # for an accept's leftover and remove it. With the positions aside first, the
+        # next open scans the whole log, sees the envelope, and settles the file.
+        _positions_aside(fs, root, report)
     for entry in report.stray_entries:
         src = os.path.join(root, entry)
         if fs.lexists(src):
@@ -1128,6 +1149,8 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
             moved = True
     for msg_id in report.orphan_bodies:
         src = _body_path(fs, root, msg_id)
+        if not is_body_entry(fs, src):
+            continue  # gone since the check (an owner removed it), or moved above
         target = os.path.join(corrupt, f"body.{msg_id}.{stamp}.orphan")
         fs.rename(src, target)
         done.append(f"moved orphan body file {src} to {target}")
@@ -1213,6 +1236,8 @@ def _finish_retirement(
     log_dir = os.path.join(root, fmt.LOG_DIR)
     for seg in retired:
         path = _segment_path(log_dir, seg)
+        if not fs.lexists(path):
+            continue  # retired already (by an earlier step of this repair)
         # (X4) Retired by durable positions (P3): a crash midway leaves some of them, which
         # the still-present positions keep retiring; a repeated repair finishes the job.
         if archive is not None:

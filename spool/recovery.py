@@ -32,7 +32,6 @@ import contextlib
 import enum
 import itertools
 import os
-import stat
 import time
 from collections.abc import Callable
 from typing import Final
@@ -41,7 +40,7 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.bodies import body_file_paths, read_body, read_body_file
+from spool.bodies import body_file_paths, is_body_entry, read_body, read_body_file
 from spool.damage import single_record
 from spool.errors import CorruptSpool
 from spool.framing import Frame
@@ -410,13 +409,10 @@ def _incoming_files(
 
 
 def _lone_staged_file(fs: FileSystem, root: str, name: str) -> bool:
+    """Whether incoming/``name`` is a body file (a regular file, not a link) with nothing
+    at all of that name in bodies/ (not even a link to nothing)."""
     staged, settled = body_file_paths(root, name)
-    try:
-        if not stat.S_ISREG(fs.stat(staged).st_mode):
-            return False
-    except OSError:
-        return False  # gone meanwhile, or a looping link
-    return not fs.exists(settled)
+    return is_body_entry(fs, staged) and not fs.lexists(settled)
 
 
 def _make_durable(fs: FileSystem, root: str, scanned: list[int]) -> None:

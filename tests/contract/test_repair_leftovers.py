@@ -236,3 +236,82 @@ def test_a_link_in_incoming_to_the_settled_body_never_replaces_it(tmp_path: Path
         assert attempt is not None and attempt.read_data() == b"M" * 500
         attempt.delivered(["bob@x.net"], "250 ok")
         attempt.close()
+
+
+# --- found by a second review of those fixes -------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["link to the staged body", "dangling link", "directory"])
+def test_a_stray_entry_in_the_way_of_a_staged_body_never_costs_it(
+    tmp_path: Path, what: str
+) -> None:
+    # A link at bodies/M while M's body was staged: the checkpoint no longer moved the
+    # file over it and wrote positions past M's envelope; the repair moved the link aside
+    # and the next open took incoming/M for an accept's leftover and removed it. With a
+    # dangling link, a plain reopen did that already (the link read as nothing there).
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        in_the_way = root / fmt.BODY_DIR / m
+        if what == "directory":
+            in_the_way.mkdir()
+        else:
+            target = root / fmt.INCOMING_DIR / m if what.startswith("link") else tmp_path / "x"
+            os.symlink(target, in_the_way)
+        sp.checkpoint()
+    with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
+        sp.checkpoint()  # a plain reopen keeps M's body
+    assert (root / fmt.INCOMING_DIR / m).is_file() or (root / fmt.BODY_DIR / m).is_file()
+    report = repair_spool(str(root))
+    assert report.after.clean
+    for _ in range(2):  # the open after the repair, and one more
+        with Spool.open(root, clock=FakeClock(T0 + 20), **OPTS) as sp:
+            sp.checkpoint()
+    assert check_spool(str(root)).clean
+    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == m
+        assert attempt.read_data() == b"M" * 500
+        attempt.delivered(["bob@x.net"], "250 ok")
+        attempt.close()
+
+
+@pytest.mark.parametrize("sub", [fmt.BODY_DIR, fmt.INCOMING_DIR])
+def test_a_link_under_an_unused_name_is_set_aside_once(tmp_path: Path, sub: str) -> None:
+    # The link was listed both as a stray entry and as an orphan body file: the repair
+    # moved it as the one, then stopped on the other (FileNotFoundError), leaving the
+    # repairing flag: every open refused.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        msg = sp.accept("alice@x.org", ["bob@x.net"], b"m" * 50)
+    (tmp_path / "some_file").write_bytes(b"hello")
+    os.symlink(tmp_path / "some_file", root / sub / "0123456789ABCDEF")
+    report = check_spool(str(root))
+    assert report.stray_entries == (f"{sub}/0123456789ABCDEF",) and not report.orphan_bodies
+    assert repair_spool(str(root)).after.clean
+    assert not (root / fmt.REPAIRING_NAME).exists()
+    assert (tmp_path / "some_file").read_bytes() == b"hello"
+    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg
+
+
+def test_a_damaged_body_is_kept_not_a_link_beside_it(tmp_path: Path) -> None:
+    # M's settled body damaged, a link at incoming/M to an unrelated file: the repair took
+    # the link for "the damaged body file" and kept it in corrupt/, while the damaged
+    # file itself was removed with the bounce: the bounce named a copy that was a link.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+    settled = root / fmt.BODY_DIR / m
+    data = bytearray(settled.read_bytes())
+    data[100] ^= 1
+    settled.write_bytes(bytes(data))
+    (tmp_path / "elsewhere").write_bytes(b"anything")
+    os.symlink(tmp_path / "elsewhere", root / fmt.INCOMING_DIR / m)
+    report = repair_spool(str(root))
+    assert report.after.clean
+    kept = {p.name: p for p in (root / fmt.CORRUPT_DIR).iterdir()}
+    [bad] = [p for name, p in kept.items() if name.startswith(f"body.{m}.")]
+    assert not bad.is_symlink() and bad.read_bytes() == bytes(data)
+    assert (tmp_path / "elsewhere").read_bytes() == b"anything"
