@@ -54,11 +54,20 @@ def write_body_file(
 
     ``body_dir`` is ``incoming/`` (bodies.py docstring). ``replace`` overwrites a file
     left by an earlier promotion whose envelope a crash lost (no durable envelope names
-    such a file, so overwriting it is safe).
+    such a file, so overwriting it is safe), and replaces a symbolic link.
     """
     path = os.path.join(body_dir, msg_id)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL)
-    fd = fs.open(path, flags)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if replace else os.O_EXCL)
+    try:
+        fd = fs.open(path, flags)
+    except OSError as exc:
+        if not (replace and exc.errno == errno.ELOOP):
+            raise
+        # A symbolic link where the copy goes (never the spool's: ``is_body_entry``) is
+        # replaced, never written through: its target may be anything, another message's
+        # body file too. Only the link goes; a crash here leaves no file, as above.
+        fs.unlink(path)
+        fd = fs.open(path, flags)
     try:
         # A crash before the fsyncs below leaves a partial or missing file that no
         # durable envelope names (the envelope comes after): an orphan, removed later.

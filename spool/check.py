@@ -1172,8 +1172,8 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
         fs.rename(src, os.path.join(corrupt, f"settings.{stamp}"))
         done.append(_restore_settings(fs, root, src))
         moved = True
-    if report.bad_positions:
-        src = os.path.join(root, fmt.POSITIONS_NAME)
+    src = os.path.join(root, fmt.POSITIONS_NAME)
+    if report.bad_positions and fs.lexists(src):  # (moved aside above, for a stray)
         fs.rename(src, os.path.join(corrupt, f"positions.{stamp}"))
         done.append(f"moved the damaged {src} aside: the next open scans the whole log")
         moved = True

@@ -17,9 +17,11 @@ import contextlib
 import os
 import threading
 
+import attrs
+
 from spool import format as fmt
 from spool.attempts import AttemptBook
-from spool.bodies import body_file_paths, copies_agree
+from spool.bodies import body_file_paths, copies_agree, is_body_entry
 from spool.body_keeping import BodyKeeper
 from spool.directory import archive_file
 from spool.errors import SpoolError, SpoolFailed
@@ -93,7 +95,13 @@ class Checkpointer:
             writer.sync()  # (P1): everything before positions.consistent is durable
             try:
                 self._remove_bodies(doomed)
-                self._settle_staged(movable)
+                unsettled = self._settle_staged(movable)
+                if unsettled:
+                    # Named in the positions (recovery takes them for no leftovers) and
+                    # tried again at the next checkpoint.
+                    positions = attrs.evolve(positions, unsettled=frozenset(unsettled))
+                    with state.lock:
+                        bodies.staged.update(dict.fromkeys(unsettled, Position(0, 0)))
                 store_positions(state.fs, state.path, positions)
                 state.counts["checkpoints"] += 1
                 self._collect_garbage(positions)
@@ -160,24 +168,33 @@ class Checkpointer:
         for directory in sorted(touched):
             fs.fsync_dir(directory)
 
-    def _settle_staged(self, names: list[str]) -> None:
+    def _settle_staged(self, names: list[str]) -> list[str]:
         """Move body files from incoming/ to bodies/: their envelopes are durable (the log
         was synced up to past them) and the positions about to be written put them before
-        the working suffix, which recovery no longer scans for orphans."""
+        the working suffix, which recovery no longer scans for orphans. Returns the body
+        files that stay in incoming/ because something else is in their way in bodies/,
+        which those positions must name (``RestartPositions.unsettled``)."""
         fs, incoming, bodies = self.state.fs, self.state.incoming_dir, self.state.body_dir
+        unsettled = []
         for msg_id in names:
+            staged = os.path.join(incoming, msg_id)
+            if not is_body_entry(fs, staged):
+                continue  # removed (its message finished), or no body file (a link)
             # A crash before the fsyncs may undo the rename: the file is back in incoming/,
             # and the positions that no longer scan its envelope are not written yet (they
             # come after these fsyncs), so recovery still finds the envelope naming it.
             if fs.lexists(os.path.join(bodies, msg_id)) and not copies_agree(
                 fs, self.state.path, msg_id
             ):
-                continue  # not the spool's copy: never moved over (``spool check`` names it)
+                # Not the spool's copy: never moved over (``spool check`` names it).
+                unsettled.append(msg_id)
+                continue
             with contextlib.suppress(FileNotFoundError):  # removed: its message finished
-                fs.rename(os.path.join(incoming, msg_id), os.path.join(bodies, msg_id))
+                fs.rename(staged, os.path.join(bodies, msg_id))
         if names:
             fs.fsync_dir(bodies)
             fs.fsync_dir(incoming)
+        return unsettled
 
     def _collect_garbage(self, positions: RestartPositions) -> None:
         """Delete (or archive) segments wholly behind the garbage front (P3)."""

@@ -64,7 +64,9 @@ class RestartPositions:
     ``outcome_acked``: messages whose finish lies after the front and was acknowledged.
     ``retry_intervals``: the owner's, so that offline tools can tell when mail is due.
     ``settings``: a copy of the spool's recorded settings (``options.py``), from which
-    ``spool check --repair`` restores a damaged settings file.
+    ``spool check --repair`` restores a damaged settings file. ``unsettled``: messages
+    whose body files stay in incoming/ though these positions pass their envelopes
+    (something else stood in their way in bodies/): no leftovers, whatever recovery scans.
     """
 
     consistent: Position
@@ -78,6 +80,7 @@ class RestartPositions:
     outcome_acked: frozenset[str] = frozenset()
     retry_intervals: tuple[float, ...] = ()
     settings: dict[str, Any] = attrs.field(factory=dict, eq=False)
+    unsettled: frozenset[str] = frozenset()
 
     def to_obj(self) -> dict[str, Any]:
         return {
@@ -93,6 +96,7 @@ class RestartPositions:
             "retry_intervals": list(self.retry_intervals),
             "written_at": self.written_at,
             **({"settings": self.settings} if self.settings else {}),
+            **({"unsettled": sorted(self.unsettled)} if self.unsettled else {}),
         }
 
     @classmethod
@@ -111,6 +115,7 @@ class RestartPositions:
             outcome_acked=frozenset(str(m) for m in obj["outcome_acked"]),
             retry_intervals=tuple(float(i) for i in obj.get("retry_intervals", ())),
             settings=dict(obj.get("settings", {})),
+            unsettled=frozenset(str(m) for m in obj.get("unsettled", ())),
         )
 
 

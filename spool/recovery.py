@@ -255,7 +255,9 @@ def recover(
     # it was on (an open that turns it on writes positions before any finish of its own).
     tracked = options.outcomes and (loaded is None or bool(loaded.settings.get("outcomes", True)))
     dead_bodies: list[str] = []
-    named_files: set[str] = set()  # messages a scanned envelope gives a body file
+    # Messages a scanned envelope gives a body file, and those whose files the positions
+    # say stay in incoming/ past them (``Checkpointer._settle_staged``): never leftovers.
+    named_files: set[str] = set(loaded.unsettled) if loaded else set()
     records = 0
     past_positions = 0  # frames at or after the positions' consistent end
     # A message's first envelope and its BODY frame are appended as one piece; the

@@ -315,3 +315,89 @@ def test_a_damaged_body_is_kept_not_a_link_beside_it(tmp_path: Path) -> None:
     [bad] = [p for name, p in kept.items() if name.startswith(f"body.{m}.")]
     assert not bad.is_symlink() and bad.read_bytes() == bytes(data)
     assert (tmp_path / "elsewhere").read_bytes() == b"anything"
+
+
+# --- found by a third review of those fixes --------------------------------------------
+
+
+def test_damaged_positions_and_a_stray_in_the_way_are_repaired_in_one_run(
+    tmp_path: Path,
+) -> None:
+    # The positions, moved aside for the stray, were moved aside again as damaged: the
+    # repair stopped on FileNotFoundError, leaving its flag; every open refused.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        (root / fmt.BODY_DIR / m).mkdir()
+        sp.checkpoint()
+    positions = root / fmt.POSITIONS_NAME
+    data = bytearray(positions.read_bytes())
+    data[len(data) // 2] ^= 1
+    positions.write_bytes(bytes(data))
+    assert repair_spool(str(root)).after.clean
+    assert not (root / fmt.REPAIRING_NAME).exists()
+    assert _delivered_contents(root) == {m: b"M" * 500}
+
+
+def _delivered_contents(root: Path, **options: object) -> dict[str, bytes]:
+    """Claim and deliver everything due a day later: each message's data."""
+    out: dict[str, bytes] = {}
+    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS, **options) as sp:  # type: ignore[arg-type]
+        while (attempt := sp.claim()) is not None:
+            out[attempt.msg_id] = attempt.read_data()
+            attempt.delivered(list(attempt.envelope.recipients), "250 ok")
+            attempt.close()
+    return out
+
+
+@pytest.mark.parametrize("link", ["to another message's body", "dangling"])
+def test_a_body_copy_never_goes_through_a_link_in_incoming(tmp_path: Path, link: str) -> None:
+    # Rule "a link is no body file" held for reads only: a hold copied M's inline body
+    # through the link at incoming/M (over O's settled body, which then read as M's; or
+    # outside the spool), and the checkpoint moved the link into bodies/: M lost, O
+    # delivered with M's data.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        o = sp.accept("alice@x.org", ["olga@x.net"], b"O" * 500)  # a body file
+        m = sp.accept("alice@x.org", ["mike@x.net"], b"m" * 50)  # inline
+    target = os.path.join("..", fmt.BODY_DIR, o) if link.startswith("to") else tmp_path / "x"
+    os.symlink(target, root / fmt.INCOMING_DIR / m)
+    with Spool.open(root, clock=FakeClock(T0 + 1), **OPTS) as sp:
+        sp.hold(m, "look at it")
+        sp.checkpoint()
+        sp.release(m)
+    assert not (tmp_path / "x").exists()
+    assert check_spool(str(root)).clean
+    assert _delivered_contents(root) == {o: b"O" * 500, m: b"m" * 50}
+
+
+def test_a_bounce_copy_never_goes_through_a_link_in_incoming(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), outcomes=True, **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["mike@x.net"], b"m" * 50)
+    os.symlink(tmp_path / "x", root / fmt.INCOMING_DIR / m)
+    with Spool.open(root, clock=FakeClock(T0 + 1), outcomes=True, **OPTS) as sp:
+        sp.bounce(m)
+        outcome = sp.next_outcome(timeout=5)
+        assert outcome is not None and outcome.msg_id == m
+        assert sp.outcome_body(outcome) == b"m" * 50
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_staged_body_kept_from_bodies_survives_the_way_clearing(tmp_path: Path) -> None:
+    # A directory at bodies/M kept the checkpoint from settling M's staged body, and its
+    # positions passed M's envelope. The directory removed by hand: check called the
+    # spool clean, and the next open removed incoming/M as an accept's leftover.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        (root / fmt.BODY_DIR / m).mkdir()
+        sp.checkpoint()
+    (root / fmt.BODY_DIR / m).rmdir()
+    assert check_spool(str(root)).clean
+    for _ in range(2):
+        with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
+            sp.checkpoint()
+    assert check_spool(str(root)).clean
+    assert (root / fmt.BODY_DIR / m).is_file()  # settled once the way was clear
+    assert _delivered_contents(root) == {m: b"M" * 500}
