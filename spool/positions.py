@@ -115,8 +115,16 @@ class RestartPositions:
             outcome_acked=frozenset(str(m) for m in obj["outcome_acked"]),
             retry_intervals=tuple(float(i) for i in obj.get("retry_intervals", ())),
             settings=dict(obj.get("settings", {})),
-            unsettled=frozenset(str(m) for m in obj.get("unsettled", ())),
+            unsettled=_message_ids(obj.get("unsettled", ())),
         )
+
+
+def _message_ids(values: Any) -> frozenset[str]:
+    """``values`` as message ids (they name body file paths): anything else is damage."""
+    ids = frozenset(values)
+    if not all(isinstance(m, str) and fmt.is_message_id(m) for m in ids):
+        raise RecordError("positions name something that is no message id")
+    return ids
 
 
 def encode_positions(positions: RestartPositions) -> bytes:

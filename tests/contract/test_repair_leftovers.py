@@ -401,3 +401,24 @@ def test_a_staged_body_kept_from_bodies_survives_the_way_clearing(tmp_path: Path
     assert check_spool(str(root)).clean
     assert (root / fmt.BODY_DIR / m).is_file()  # settled once the way was clear
     assert _delivered_contents(root) == {m: b"M" * 500}
+
+
+@pytest.mark.parametrize("name", ["../positions", "", "6b49d200e3385e58", 7])
+def test_positions_naming_no_message_id_as_unsettled_are_damaged(
+    tmp_path: Path, name: object
+) -> None:
+    # The ids of `unsettled` name body file paths: a hand-edited file (its CRC made
+    # right) naming anything else is damaged positions, ignored whole (a full scan).
+    from spool.metafile import encode_metafile
+    from spool.positions import decode_positions, encode_positions
+
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        sp.accept("alice@x.org", ["bob@x.net"], b"m" * 50)
+    positions = decode_positions((root / fmt.POSITIONS_NAME).read_bytes())
+    assert positions is not None
+    good = positions.to_obj() | {"unsettled": ["6B49D200E3385E58"]}
+    assert decode_positions(encode_metafile(good)) is not None
+    assert decode_positions(encode_positions(positions)) == positions
+    bad = positions.to_obj() | {"unsettled": [name]}
+    assert decode_positions(encode_metafile(bad)) is None
