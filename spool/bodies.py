@@ -26,6 +26,7 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Iterator
@@ -54,20 +55,16 @@ def write_body_file(
 
     ``body_dir`` is ``incoming/`` (bodies.py docstring). ``replace`` overwrites a file
     left by an earlier promotion whose envelope a crash lost (no durable envelope names
-    such a file, so overwriting it is safe), and replaces a symbolic link.
+    such a file, so replacing it is safe), or whatever else is at that name.
     """
     path = os.path.join(body_dir, msg_id)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if replace else os.O_EXCL)
-    try:
-        fd = fs.open(path, flags)
-    except OSError as exc:
-        if not (replace and exc.errno == errno.ELOOP):
-            raise
-        # A symbolic link where the copy goes (never the spool's: ``is_body_entry``) is
-        # replaced, never written through: its target may be anything, another message's
-        # body file too. Only the link goes; a crash here leaves no file, as above.
-        fs.unlink(path)
-        fd = fs.open(path, flags)
+    if replace:
+        # What is there is replaced, never written through: a symbolic or hard link's
+        # other name may be anything, another message's body file too. Only this name
+        # goes; a crash before the new file is durable leaves none, as below.
+        with contextlib.suppress(FileNotFoundError):
+            fs.unlink(path)
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)
     try:
         # A crash before the fsyncs below leaves a partial or missing file that no
         # durable envelope names (the envelope comes after): an orphan, removed later.

@@ -21,7 +21,7 @@ import attrs
 
 from spool import format as fmt
 from spool.attempts import AttemptBook
-from spool.bodies import body_file_paths, copies_agree, is_body_entry
+from spool.bodies import body_file_paths, copies_agree, is_body_entry, read_body_files
 from spool.body_keeping import BodyKeeper
 from spool.directory import archive_file
 from spool.errors import SpoolError, SpoolFailed
@@ -157,7 +157,7 @@ class Checkpointer:
         fs = self.state.fs
         touched: set[str] = set()
         for msg_id in msg_ids:
-            for path in body_file_paths(self.state.path, msg_id):
+            for path in self._own_body_files(msg_id):
                 # A crash before the directory fsync may bring a file back: recovery
                 # removes the bodies of the finishes (and acknowledgements) it scans, and
                 # every file in incoming/ that no scanned envelope names.
@@ -167,6 +167,22 @@ class Checkpointer:
                     touched.add(os.path.dirname(path))
         for directory in sorted(touched):
             fs.fsync_dir(directory)
+
+    def _own_body_files(self, msg_id: str) -> list[str]:
+        """The names a finished message's body file goes by: both places, unless each
+        holds something and they are not the spool's two copies of one body. Then only
+        the body's own file (``read_body_files``): the other is not the spool's, which
+        ``spool check`` names and the repair keeps in corrupt/; with two valid files
+        that differ, which is the body cannot be told, so neither goes."""
+        fs, root = self.state.fs, self.state.path
+        both = body_file_paths(root, msg_id)
+        if not all(fs.lexists(p) for p in both) or copies_agree(fs, root, msg_id):
+            return list(both)
+        try:
+            _raw, path, two = read_body_files(fs, root, msg_id)
+        except FileNotFoundError:
+            return list(both)  # no file in either place: links or directories, no data
+        return [] if two else [path]
 
     def _settle_staged(self, names: list[str]) -> list[str]:
         """Move body files from incoming/ to bodies/: their envelopes are durable (the log

@@ -33,6 +33,11 @@ from spool.metafile import decode_metafile, encode_metafile, read_metafile, repl
 from spool.records import Position, RecordError
 
 POSITIONS_VERSION = 1
+# Positions naming unsettled body files (``RestartPositions.unsettled``) say version 2: a
+# build that predates the key reads only version 1, so it takes them for damaged and
+# scans the whole log (finding the envelopes) instead of removing those files as an
+# accept's leftovers.
+POSITIONS_VERSION_UNSETTLED = 2
 
 
 def pin_body(pins: dict[int, int], segment: int) -> None:
@@ -84,7 +89,7 @@ class RestartPositions:
 
     def to_obj(self) -> dict[str, Any]:
         return {
-            "version": POSITIONS_VERSION,
+            "version": POSITIONS_VERSION_UNSETTLED if self.unsettled else POSITIONS_VERSION,
             "consistent": self.consistent.to_list(),
             "working_start": self.working_start.to_list(),
             "cursors": [c.to_list() for c in self.cursors],
@@ -101,7 +106,7 @@ class RestartPositions:
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any]) -> RestartPositions:
-        if obj.get("version") != POSITIONS_VERSION:
+        if obj.get("version") not in (POSITIONS_VERSION, POSITIONS_VERSION_UNSETTLED):
             raise RecordError(f"positions version {obj.get('version')!r}")
         return cls(
             consistent=Position.from_obj(obj["consistent"]),

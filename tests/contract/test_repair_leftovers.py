@@ -422,3 +422,65 @@ def test_positions_naming_no_message_id_as_unsettled_are_damaged(
     assert decode_positions(encode_positions(positions)) == positions
     bad = positions.to_obj() | {"unsettled": [name]}
     assert decode_positions(encode_metafile(bad)) is None
+
+
+# --- found by a fourth review ----------------------------------------------------------
+
+
+def test_a_body_copy_never_goes_through_a_hard_link_in_incoming(tmp_path: Path) -> None:
+    # A hard link at incoming/M to O's settled body, made while the spool was open: the
+    # hold's copy of M's inline body truncated and rewrote it, so O read as M's data.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        o = sp.accept("alice@x.org", ["olga@x.net"], b"O" * 500)
+        m = sp.accept("alice@x.org", ["mike@x.net"], b"m" * 50)
+    with Spool.open(root, clock=FakeClock(T0 + 1), **OPTS) as sp:
+        os.link(root / fmt.BODY_DIR / o, root / fmt.INCOMING_DIR / m)
+        sp.hold(m, "look at it")
+        sp.checkpoint()
+        sp.release(m)
+    assert check_spool(str(root)).clean
+    assert _delivered_contents(root) == {o: b"O" * 500, m: b"m" * 50}
+
+
+def test_positions_naming_unsettled_files_are_a_version_older_builds_refuse(
+    tmp_path: Path,
+) -> None:
+    # A build that predates `unsettled` read the positions (version 1), ignored the key,
+    # and removed the staged file as an accept's leftover. Version 2 makes it scan the
+    # whole log instead (it reads only version 1); this build reads both.
+    from spool.fs import FileSystem
+    from spool.positions import load_positions
+
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        (root / fmt.BODY_DIR / m).mkdir()
+        sp.checkpoint()
+    assert b'"version":2' in (root / fmt.POSITIONS_NAME).read_bytes()
+    loaded = load_positions(FileSystem(), str(root))
+    assert loaded is not None and loaded.unsettled == {m}
+    (root / fmt.BODY_DIR / m).rmdir()
+    with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
+        sp.checkpoint()  # settled now: back to version 1
+    assert b'"version":1' in (root / fmt.POSITIONS_NAME).read_bytes()
+    assert _delivered_contents(root) == {m: b"M" * 500}
+
+
+def test_a_finished_message_takes_only_its_own_body_file(tmp_path: Path) -> None:
+    # A file that is no body beside M's staged body: delivering M removed both names, so
+    # the file check said the repair would keep in corrupt/ was gone.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        foreign = root / fmt.BODY_DIR / m
+        foreign.write_bytes(b"operator notes, not a body")
+        sp.checkpoint()
+    assert _delivered_contents(root) == {m: b"M" * 500}
+    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
+        sp.checkpoint()
+    assert foreign.read_bytes() == b"operator notes, not a body"
+    assert not (root / fmt.INCOMING_DIR / m).exists()
+    assert repair_spool(str(root)).after.clean
+    kept = [p.read_bytes() for p in (root / fmt.CORRUPT_DIR).iterdir() if m in p.name]
+    assert kept == [b"operator notes, not a body"]
