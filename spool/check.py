@@ -1209,7 +1209,7 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
 def _restore_settings(fs: FileSystem, root: str, src: str) -> str:
     """Write the settings again from the copy in the restart positions, if there is one
     (the damaged file was moved aside first); otherwise the defaults apply."""
-    positions = load_positions(fs, root)
+    positions = load_positions(fs, root) or _positions_set_aside(fs, root)
     copy = positions.settings if positions is not None else {}
     try:
         options = resolve_options(copy, {})
@@ -1221,6 +1221,22 @@ def _restore_settings(fs: FileSystem, root: str, src: str) -> str:
     # restores it again) or the restored one.
     store_settings(fs, root, options)
     return f"moved the damaged {src} aside and restored it from the copy in the positions"
+
+
+def _positions_set_aside(fs: FileSystem, root: str) -> RestartPositions | None:
+    """The newest readable positions a repair moved into corrupt/ (``_positions_aside``:
+    this repair, for a stray in the way of a staged body, or an interrupted one), for
+    their copy of the settings."""
+    corrupt = os.path.join(root, fmt.CORRUPT_DIR)
+    try:
+        names = sorted((n for n in fs.listdir(corrupt) if n.startswith("positions.")), reverse=True)
+    except FileNotFoundError:
+        return None
+    for name in names:
+        positions = load_positions(fs, corrupt, name)
+        if positions is not None:
+            return positions
+    return None
 
 
 def _finish_retirement(

@@ -147,9 +147,12 @@ def decode_positions(raw: bytes) -> RestartPositions | None:
         return None
 
 
-def load_positions(fs: FileSystem, root: str) -> RestartPositions | None:
-    """Read ``<root>/positions``; None when missing or damaged (recovery then scans all)."""
-    raw = read_metafile(fs, root, fmt.POSITIONS_NAME)
+def load_positions(
+    fs: FileSystem, root: str, name: str = fmt.POSITIONS_NAME
+) -> RestartPositions | None:
+    """Read ``<root>/positions`` (or ``<root>/<name>``); None when missing or damaged
+    (recovery then scans all)."""
+    raw = read_metafile(fs, root, name)
     return None if raw is None else decode_positions(raw)
 
 

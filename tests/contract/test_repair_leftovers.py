@@ -484,3 +484,33 @@ def test_a_finished_message_takes_only_its_own_body_file(tmp_path: Path) -> None
     assert repair_spool(str(root)).after.clean
     kept = [p.read_bytes() for p in (root / fmt.CORRUPT_DIR).iterdir() if m in p.name]
     assert kept == [b"operator notes, not a body"]
+
+
+# --- found by a fifth review -----------------------------------------------------------
+
+
+def test_settings_are_restored_from_positions_the_repair_set_aside(tmp_path: Path) -> None:
+    # A stray in the way of a staged body made the repair move the positions aside
+    # before it restored damaged settings from their copy there: "no copy found", the
+    # defaults applied (outcome tracking off), and a bounce's kept body later filed as an
+    # orphan.
+    root = tmp_path / "spool"
+    opts = {**OPTS, "outcomes": True, "checkpoint_interval": 1000.0}
+    with Spool.open(root, clock=FakeClock(T0), **opts) as sp:  # type: ignore[arg-type]
+        f = sp.accept("alice@x.org", ["fay@x.net"], b"f" * 50)
+        sp.bounce(f)
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        (root / fmt.BODY_DIR / m).write_bytes(b"not a body")
+        sp.checkpoint()
+    settings = root / fmt.SETTINGS_NAME
+    data = bytearray(settings.read_bytes())
+    data[len(data) // 2] ^= 1
+    settings.write_bytes(bytes(data))
+    report = repair_spool(str(root))
+    assert report.after.clean and not report.after.orphan_bodies
+    assert any("restored it from the copy" in line for line in report.actions)
+    with Spool.open(root, clock=FakeClock(T0 + 10)) as sp:  # the recorded options
+        assert sp.options.outcomes and sp.options.inline_body_max == OPTS["inline_body_max"]
+        outcome = sp.next_outcome(timeout=5)
+        assert outcome is not None and outcome.msg_id == f
+        assert sp.outcome_body(outcome) == b"f" * 50
