@@ -52,6 +52,17 @@ def claimed_later(root: Path) -> list[str]:
     return handed
 
 
+def delivered_contents(root: Path, **options: Any) -> dict[str, bytes]:
+    """Claim and deliver everything due a day later: each message's data."""
+    contents: dict[str, bytes] = {}
+    with Spool.open(root, clock=FakeClock(T0 + 86400), **{**OPTS, **options}) as sp:
+        while (attempt := sp.claim()) is not None:
+            contents[attempt.msg_id] = attempt.read_data()
+            attempt.delivered(list(attempt.envelope.recipients), "250 ok")
+            attempt.close()
+    return contents
+
+
 def run_child(script: str, timeout: float | None = None) -> str:
     """``script`` (dedented) in a child interpreter, which usually ends with ``os._exit``
     (a crash); its standard output. Fails the test if the child does."""

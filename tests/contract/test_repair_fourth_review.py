@@ -20,7 +20,7 @@ from spool.errors import CorruptSpool
 from spool.fs import FileSystem
 from spool.queue_view import walk
 from spool.testing import FakeClock
-from tests.contract.repairing import OPTS, T0, run_child
+from tests.contract.repairing import OPTS, T0, delivered_contents, run_child
 
 
 def _fifo(path: Path) -> None:
@@ -246,24 +246,14 @@ def test_a_second_file_in_incoming_never_replaces_the_settled_body(
         # Two valid files that differ: which is M's cannot be told. Held, both kept.
         assert [msg for msg, _ in report.fates] == [m]
         assert any(p.name.endswith(".second") for p in (root / fmt.CORRUPT_DIR).iterdir())
-        assert _contents_delivered(root) == {n: b"N" * 500}
+        assert delivered_contents(root) == {n: b"N" * 500}
         with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
             sp.release(m)  # the operator looked: the file in bodies/ is M's
     else:
         assert not report.fates
-    assert _contents_delivered(root) == {m: b"M" * 500} | (
+    assert delivered_contents(root) == {m: b"M" * 500} | (
         {n: b"N" * 500} if second == "damaged copy" else {}
     )
-
-
-def _contents_delivered(root: Path) -> dict[str, bytes]:
-    contents: dict[str, bytes] = {}
-    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
-        while (attempt := sp.claim()) is not None:
-            contents[attempt.msg_id] = attempt.read_data()
-            attempt.delivered(list(attempt.envelope.recipients), "250 ok")
-            attempt.close()
-    return contents
 
 
 def test_a_foreign_file_in_bodies_beside_a_staged_body_is_never_delivered(
@@ -289,7 +279,7 @@ def test_a_foreign_file_in_bodies_beside_a_staged_body_is_never_delivered(
     assert report.after.clean and [msg for msg, _ in report.fates] == [m]
     kept = [p for p in (root / fmt.CORRUPT_DIR).iterdir() if p.name.endswith(".second")]
     assert [p.read_bytes()[-500:] for p in kept] == [b"M" * 500]  # M's own, kept
-    assert m not in _contents_delivered(root)  # held for the operator
+    assert m not in delivered_contents(root)  # held for the operator
 
 
 def test_a_bounce_copy_a_crash_cut_short_is_written_again_and_kept(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from spool import format as fmt
 from spool.check import check_spool, repair_spool
 from spool.errors import BadSpoolDirectory, CorruptSpool
 from spool.testing import FakeClock
-from tests.contract.repairing import OPTS, T0, flip, records
+from tests.contract.repairing import OPTS, T0, delivered_contents, flip, records
 
 
 def _tree(root: Path) -> dict[str, bytes | str]:
@@ -37,6 +38,17 @@ def _tree(root: Path) -> dict[str, bytes | str]:
             else:
                 out[rel] = "directory" if path.is_dir() else "special"
     return out
+
+
+def _staged_and_blocked(root: Path, block: Callable[[Path], object]) -> str:
+    """M accepted, its body staged in incoming/; ``block`` puts something at bodies/M
+    before the checkpoint, which then cannot settle M's body but writes positions past
+    its envelope. M's id."""
+    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
+        block(root / fmt.BODY_DIR / m)
+        sp.checkpoint()
+    return m
 
 
 def _make(path: Path, what: str) -> None:
@@ -107,14 +119,7 @@ def test_an_entry_of_the_wrong_kind_is_refused_before_any_change(
         aside.rename(entry)
     report = repair_spool(str(root))
     assert report.after.clean
-    delivered = []
-    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
-        while (attempt := sp.claim()) is not None:
-            delivered.append(attempt.msg_id)
-            assert attempt.read_data() == b"m" * 50
-            attempt.delivered(list(attempt.envelope.recipients), "250 ok")
-            attempt.close()
-    assert sorted(delivered) == sorted(ids)
+    assert delivered_contents(root) == dict.fromkeys(ids, b"m" * 50)
 
 
 @pytest.mark.parametrize("name", [fmt.POSITIONS_NAME, fmt.SETTINGS_NAME])
@@ -326,28 +331,14 @@ def test_damaged_positions_and_a_stray_in_the_way_are_repaired_in_one_run(
     # The positions, moved aside for the stray, were moved aside again as damaged: the
     # repair stopped on FileNotFoundError, leaving its flag; every open refused.
     root = tmp_path / "spool"
-    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
-        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
-        (root / fmt.BODY_DIR / m).mkdir()
-        sp.checkpoint()
+    m = _staged_and_blocked(root, Path.mkdir)
     positions = root / fmt.POSITIONS_NAME
     data = bytearray(positions.read_bytes())
     data[len(data) // 2] ^= 1
     positions.write_bytes(bytes(data))
     assert repair_spool(str(root)).after.clean
     assert not (root / fmt.REPAIRING_NAME).exists()
-    assert _delivered_contents(root) == {m: b"M" * 500}
-
-
-def _delivered_contents(root: Path, **options: object) -> dict[str, bytes]:
-    """Claim and deliver everything due a day later: each message's data."""
-    out: dict[str, bytes] = {}
-    with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS, **options) as sp:  # type: ignore[arg-type]
-        while (attempt := sp.claim()) is not None:
-            out[attempt.msg_id] = attempt.read_data()
-            attempt.delivered(list(attempt.envelope.recipients), "250 ok")
-            attempt.close()
-    return out
+    assert delivered_contents(root) == {m: b"M" * 500}
 
 
 @pytest.mark.parametrize("link", ["to another message's body", "dangling"])
@@ -368,7 +359,7 @@ def test_a_body_copy_never_goes_through_a_link_in_incoming(tmp_path: Path, link:
         sp.release(m)
     assert not (tmp_path / "x").exists()
     assert check_spool(str(root)).clean
-    assert _delivered_contents(root) == {o: b"O" * 500, m: b"m" * 50}
+    assert delivered_contents(root) == {o: b"O" * 500, m: b"m" * 50}
 
 
 def test_a_bounce_copy_never_goes_through_a_link_in_incoming(tmp_path: Path) -> None:
@@ -389,10 +380,7 @@ def test_a_staged_body_kept_from_bodies_survives_the_way_clearing(tmp_path: Path
     # positions passed M's envelope. The directory removed by hand: check called the
     # spool clean, and the next open removed incoming/M as an accept's leftover.
     root = tmp_path / "spool"
-    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
-        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
-        (root / fmt.BODY_DIR / m).mkdir()
-        sp.checkpoint()
+    m = _staged_and_blocked(root, Path.mkdir)
     (root / fmt.BODY_DIR / m).rmdir()
     assert check_spool(str(root)).clean
     for _ in range(2):
@@ -400,7 +388,7 @@ def test_a_staged_body_kept_from_bodies_survives_the_way_clearing(tmp_path: Path
             sp.checkpoint()
     assert check_spool(str(root)).clean
     assert (root / fmt.BODY_DIR / m).is_file()  # settled once the way was clear
-    assert _delivered_contents(root) == {m: b"M" * 500}
+    assert delivered_contents(root) == {m: b"M" * 500}
 
 
 @pytest.mark.parametrize("name", ["../positions", "", "6b49d200e3385e58", 7])
@@ -440,7 +428,7 @@ def test_a_body_copy_never_goes_through_a_hard_link_in_incoming(tmp_path: Path) 
         sp.checkpoint()
         sp.release(m)
     assert check_spool(str(root)).clean
-    assert _delivered_contents(root) == {o: b"O" * 500, m: b"m" * 50}
+    assert delivered_contents(root) == {o: b"O" * 500, m: b"m" * 50}
 
 
 def test_positions_naming_unsettled_files_are_a_version_older_builds_refuse(
@@ -453,10 +441,7 @@ def test_positions_naming_unsettled_files_are_a_version_older_builds_refuse(
     from spool.positions import load_positions
 
     root = tmp_path / "spool"
-    with Spool.open(root, clock=FakeClock(T0), checkpoint_interval=1000.0, **OPTS) as sp:
-        m = sp.accept("alice@x.org", ["bob@x.net"], b"M" * 500)
-        (root / fmt.BODY_DIR / m).mkdir()
-        sp.checkpoint()
+    m = _staged_and_blocked(root, Path.mkdir)
     assert b'"version":2' in (root / fmt.POSITIONS_NAME).read_bytes()
     loaded = load_positions(FileSystem(), str(root))
     assert loaded is not None and loaded.unsettled == {m}
@@ -464,7 +449,7 @@ def test_positions_naming_unsettled_files_are_a_version_older_builds_refuse(
     with Spool.open(root, clock=FakeClock(T0 + 10), **OPTS) as sp:
         sp.checkpoint()  # settled now: back to version 1
     assert b'"version":1' in (root / fmt.POSITIONS_NAME).read_bytes()
-    assert _delivered_contents(root) == {m: b"M" * 500}
+    assert delivered_contents(root) == {m: b"M" * 500}
 
 
 def test_a_finished_message_takes_only_its_own_body_file(tmp_path: Path) -> None:
@@ -476,7 +461,7 @@ def test_a_finished_message_takes_only_its_own_body_file(tmp_path: Path) -> None
         foreign = root / fmt.BODY_DIR / m
         foreign.write_bytes(b"operator notes, not a body")
         sp.checkpoint()
-    assert _delivered_contents(root) == {m: b"M" * 500}
+    assert delivered_contents(root) == {m: b"M" * 500}
     with Spool.open(root, clock=FakeClock(T0 + 86400), **OPTS) as sp:
         sp.checkpoint()
     assert foreign.read_bytes() == b"operator notes, not a body"
