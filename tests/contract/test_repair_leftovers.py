@@ -499,3 +499,36 @@ def test_settings_are_restored_from_positions_the_repair_set_aside(tmp_path: Pat
         outcome = sp.next_outcome(timeout=5)
         assert outcome is not None and outcome.msg_id == f
         assert sp.outcome_body(outcome) == b"f" * 50
+
+
+# --- found by the crash-state piece on this code (docs/reliability.md, the figures) ------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a burst wider than 16 bits over a PAD frame's header reads as damaged "
+    "records, and the repair holds a live message that could have had records there",
+)
+def test_a_burst_over_an_opens_padding_holds_no_mail(tmp_path: Path) -> None:
+    # Seed 10158 of the explorer (workload outcomes-and-reopens), rebuilt: M deferred
+    # (live, its records may follow its envelope anywhere), then an open whose checkpoint
+    # begins segment 2 with a 480-byte PAD frame; four bytes of that frame's header hit.
+    # No record of M was there, yet the repair holds M ("records possibly lost").
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"m" * 50)
+        attempt = sp.claim()
+        assert attempt is not None
+        attempt.deferred(["bob@x.net"], "451 4.3.0 later")
+        attempt.close()
+    with Spool.open(root, clock=FakeClock(T0 + 1), **OPTS) as sp:
+        n = sp.accept("alice@x.org", ["carol@x.net"], b"n" * 50)
+    first = next(p for p, _r, f in records(root) if p.segment == 2)
+    assert first.offset == 32 and next(f for p, _r, f in records(root) if p == first).type == (
+        fmt.T_PAD
+    )
+    flip(root, (33, 0x5A), (34, 0xA5), (35, 0x3C), (36, 0xC3), segment=2)
+    report = repair_spool(str(root))
+    assert report.after.clean
+    assert not report.fates, report.fates
+    assert sorted(delivered_contents(root)) == sorted([m, n])
