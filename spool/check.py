@@ -362,8 +362,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
             + (f" (copies: {', '.join(copies)})" if copies else "")
         )
     live = set(walk.live)
-    two_bodies: list[str] = []
-    bad_files = _check_bodies(fs, path, walk, problems, two_bodies)
+    bad_files, two_bodies = _check_bodies(fs, path, walk, problems)
     walk.bad_files = set(bad_files)
     affected = walk.verdicts()
     affected.extend(_two_bodies(walk, two_bodies))
@@ -842,11 +841,12 @@ def _body_path(fs: FileSystem, root: str, msg_id: str) -> str:
 
 
 def _check_bodies(
-    fs: FileSystem, root: str, walk: Assessment, problems: list[Problem], two: list[str]
-) -> list[str]:
+    fs: FileSystem, root: str, walk: Assessment, problems: list[Problem]
+) -> tuple[list[str], list[str]]:
     """The body files of live messages: each present and intact, each read once. Returns
-    the bad ones; adds to ``two`` those with two valid files that differ."""
-    bad = []
+    the bad ones, and those with two valid files that differ."""
+    bad: list[str] = []
+    two: list[str] = []
     for msg_id, state in walk.live.items():
         if state.body is None or state.body.kind != rec.BODY_FILE:
             continue
@@ -868,7 +868,7 @@ def _check_bodies(
         if why is not None:
             problems.append(Problem(ProblemKind.BODY_FILE, path, 0, why))
             bad.append(msg_id)
-    return bad
+    return bad, two
 
 
 def _two_bodies(walk: Assessment, two: list[str]) -> list[Affected]:

@@ -98,10 +98,10 @@ def check_layout(fs: FileSystem, path: str) -> None:
     ``bodies/``, ``incoming/`` or ``corrupt/`` belongs, a directory (a FIFO, a dangling
     link) where the ``lock`` or ``repairing`` file belongs, or a directory named as the
     control socket (which ``spool serve`` replaces when it is anything else). The spool
-    never makes
-    such an entry and cannot use one: an open, a check or a repair would stop half way on
-    an ``OSError``. What the check and the repair set right themselves (the positions, the
-    settings, the entries inside ``log/``, ``bodies/``, ``incoming/``) is left to them."""
+    never makes such an entry and cannot use one: an open, a check or a repair would stop
+    half way on an ``OSError``. What the check and the repair set right themselves (the
+    positions, the settings, the entries inside ``log/``, ``bodies/``, ``incoming/``) is
+    left to them."""
     for name, want in _LAYOUT:
         entry = os.path.join(path, name)
         try:
