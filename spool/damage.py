@@ -415,7 +415,13 @@ def _classify(
     raw = data[start:end]
     corrected = _corrected(raw, salt)
     padding = corrected is not None and corrected[8] == fmt.T_PAD
-    if padding or _was_padding(raw) or _near_padding(raw, salt) or end - start < RECORD_FRAME_MIN:
+    if (
+        padding
+        or _was_padding(raw)
+        or _near_padding(raw, salt)
+        or _padding_but_for_a_burst(raw, salt)
+        or end - start < RECORD_FRAME_MIN
+    ):
         return Region(number, start, end, RegionKind.PADDING, f"padding damaged ({reason})")
     known = single_record(data[start:end])
     if known is not None:
@@ -588,6 +594,29 @@ def _near_padding(raw: bytes, salt: int) -> bool:
     return (
         crc_bits <= PAD_CRC_BITS_MAX and crc_bits + _bits_apart(raw[4:], ideal[4:]) <= PAD_BITS_MAX
     )
+
+
+def _padding_but_for_a_burst(raw: bytes, salt: int) -> bool:
+    """Bad bytes that are the PAD frame spanning them exactly but for one run of at most
+    ``BURST`` bytes (any bits in them): a burst over a PAD frame's header, which hits its
+    CRC and its length together (so neither ``_was_padding`` nor ``_near_padding`` holds).
+
+    Outside the run every byte is the padding's: a payload of zeros, which no record has
+    (a CBOR map of ASCII keys and a 16-digit id) and no BODY frame (its payload begins
+    with the id); bytes zeroed by a lost write differ from it in the CRC, the length and
+    the type, nine bytes apart. So nothing of value was there, whatever the run held.
+    """
+    size = len(raw) - fmt.FRAME_HEADER_SIZE
+    if not 0 <= size <= fmt.FRAME_PAYLOAD_MAX:
+        return False
+    header = encode_frame(fmt.T_PAD, bytes(size), salt)[: fmt.FRAME_HEADER_SIZE]
+    differ = [i for i in range(fmt.FRAME_HEADER_SIZE) if raw[i] != header[i]]
+    payload = raw[fmt.FRAME_HEADER_SIZE :]
+    after_zeros = payload.lstrip(b"\0")
+    if after_zeros:
+        differ.append(fmt.FRAME_HEADER_SIZE + size - len(after_zeros))
+        differ.append(fmt.FRAME_HEADER_SIZE + len(payload.rstrip(b"\0")) - 1)
+    return not differ or differ[-1] - differ[0] < BURST
 
 
 def _bits_apart(a: bytes, b: bytes) -> int:

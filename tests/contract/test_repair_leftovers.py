@@ -494,11 +494,6 @@ def test_settings_are_restored_from_positions_the_repair_set_aside(tmp_path: Pat
 # --- found by the crash-state piece on this code (docs/reliability.md, the figures) ------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a burst wider than 16 bits over a PAD frame's header reads as damaged "
-    "records, and the repair holds a live message that could have had records there",
-)
 def test_a_burst_over_an_opens_padding_holds_no_mail(tmp_path: Path) -> None:
     # Seed 10158 of the explorer (workload outcomes-and-reopens), rebuilt: M deferred
     # (live, its records may follow its envelope anywhere), then an open whose checkpoint

@@ -357,7 +357,8 @@ def flip_durable_byte(
     (``_record_frames``); one in sixteen a burst of four damaged bytes in a row; and one in
     sixteen a START made unreadable with a frame after it hit too (``_start_and_after``):
     where a repair must note that a lost start used its envelope up, whatever the damage
-    after it (a tiny body, padding, another record)."""
+    after it (a tiny body, padding, another record); and one in sixteen a burst over a
+    PAD frame's header."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -421,6 +422,15 @@ def flip_durable_byte(
         found = _start_and_after(files[path], limit, aim)
         if found is not None:
             offsets, bits = found
+    elif aim is not None and aimed < 0.5625:
+        # A burst over a PAD frame's header (its CRC and length hit together): padding
+        # still, which a repair once read as records and held the live mail for.
+        pads = [pos for pos, ftype, _ in _frames(files[path], limit) if ftype == fmt.T_PAD]
+        pads = [pos for pos in pads if pos + 4 <= limit]
+        if pads:
+            start = min(aim.choice(pads) + aim.randrange(fmt.FRAME_HEADER_SIZE), limit - 4)
+            offsets = list(range(start, start + 4))
+            bits = [aim.randrange(8) for _ in offsets]
     data = bytearray(files[path])
     for at, bit in zip(offsets, bits, strict=True):
         data[at] ^= 1 << bit

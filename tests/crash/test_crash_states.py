@@ -89,6 +89,7 @@ def _progress(worker: int, next_seed: int, r: ExploreReport) -> None:
         "violation_details": [str(v)[:2000] for v in r.violations[:3]],
         "next_seed": next_seed,
     }
+    os.makedirs(report_dir, exist_ok=True)  # a piece's own directory, new or not
     path = os.path.join(report_dir, f"crash_states.worker{worker}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(figures, f)

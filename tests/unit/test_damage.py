@@ -20,7 +20,8 @@ from spool import CorruptSpool, Spool
 from spool import format as fmt
 from spool import records as rec
 from spool.check import repair_spool
-from spool.damage import RECORD_FRAME_MIN, _sized_marker
+from spool.damage import BURST, RECORD_FRAME_MIN, _padding_but_for_a_burst, _sized_marker
+from spool.framing import encode_frame, pad_frame
 from spool.fs import FileSystem
 from spool.queue_view import walk
 from spool.records import Position
@@ -300,3 +301,49 @@ def test_a_pad_frame_whose_length_was_hit_is_padding_not_lost_records(
     assert report.after.clean, report.after.problems
     with Spool.open(root) as sp:
         assert sorted(e.msg_id for e in sp.list()) == sorted(msgs)
+
+
+@pytest.mark.parametrize("first", range(fmt.FRAME_HEADER_SIZE))
+def test_a_burst_over_a_pad_frames_header_is_padding_not_lost_records(
+    tmp_path: Path, first: int
+) -> None:
+    # Before: four damaged bytes in a row over a PAD frame's CRC and length (more than the
+    # 16 bits ``_near_padding`` allows, the length no longer its extent) read as damaged
+    # records, and the repair held every message live there (the crash-state piece, seed
+    # 10158).
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    pos = [  # the padding after the first message's envelope: its records could be there
+        p
+        for p, _r, f in walk(FS, str(root), skip_bodies=False)
+        if f is not None and f.type == fmt.T_PAD and f.size >= 32
+    ][1]
+    path = segment(root, pos.segment)
+    data = bytearray(path.read_bytes())
+    for at in range(pos.offset + first, pos.offset + first + BURST):
+        data[at] ^= 0xA5
+    path.write_bytes(bytes(data))
+    report = repair_spool(str(root))
+    assert report.fates == (), f"the repair named {report.fates}"
+    assert report.after.clean, report.after.problems
+    with Spool.open(root) as sp:
+        assert sorted(e.msg_id for e in sp.list()) == sorted(msgs)
+
+
+def test_only_bytes_that_are_padding_but_for_one_burst_pass_for_it() -> None:
+    salt = 0x1234ABCD
+    pad = pad_frame(480, salt)
+    burst = bytearray(pad)
+    burst[2:6] = b"\xff\xff\xff\xff"
+    assert _padding_but_for_a_burst(bytes(burst), salt)
+    assert _padding_but_for_a_burst(pad, salt)
+    two_runs = bytearray(burst)
+    two_runs[100] = 1  # a second damaged place, away from the first
+    assert not _padding_but_for_a_burst(bytes(two_runs), salt)
+    assert not _padding_but_for_a_burst(bytes(480), salt)  # zeroed by a lost write
+    ftype, payload = rec.encode(rec.Start("0123456789ABCDEF", Position(1, 32), 0, 1.0))
+    record = encode_frame(ftype, payload, salt)
+    hit = bytearray(record)
+    hit[0:4] = b"\0\0\0\0"
+    assert not _padding_but_for_a_burst(bytes(hit), salt)
