@@ -9,7 +9,8 @@ failed first: they return once durable) and closes the attempt. A worker runs
 process has its own connection), so their durable reports share the owner's fsyncs. It
 exits after
 ``--max-use`` attempts (the owner starts a fresh one, as Postfix's ``max_use``), when the
-owner goes away, or on SIGTERM once the message in hand is settled. SIGINT is left to the
+owner goes away (at once, even with an agent stuck in a delivery: ``ABANDON_AFTER``), or
+on SIGTERM once the message in hand is settled. SIGINT is left to the
 owner (a Ctrl-C at a terminal reaches the whole process group; the owner then stops its
 workers with SIGTERM).
 
@@ -25,6 +26,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Final
 
 import click
@@ -41,6 +43,7 @@ BATCH: Final = 1
 CONCURRENCY: Final = 4  # delivery loops (threads) per worker process
 POLL: Final = 0.2  # seconds between the main thread's looks at its loops
 CLAIM_WAIT: Final = 1.0  # seconds a claim waits for work before the loop looks around
+ABANDON_AFTER: Final = 2.0  # seconds a loop stuck in its agent outlives its owner
 
 log = logging.getLogger("spool.worker")
 
@@ -142,15 +145,43 @@ def run_workers(
         threading.Thread(target=run_worker, args=(client, agent, budget, stop), daemon=True)
         for agent in agents
     ]
+    abandoned: list[threading.Thread] = []
     try:
         for loop in loops:
             loop.start()
-        for loop in loops:
-            while loop.is_alive():
-                loop.join(POLL)
+        abandoned = _wait_for_loops(client, loops, stop)
     finally:
-        for agent in agents:
-            agent.close()
+        for loop, agent in zip(loops, agents, strict=True):
+            if loop not in abandoned:  # an agent stuck in a delivery may hang its close too
+                agent.close()
+
+
+def _wait_for_loops(
+    client: Client, loops: list[threading.Thread], stop: threading.Event
+) -> list[threading.Thread]:
+    """Wait until every loop has ended; returns the loops given up on.
+
+    When the owner goes away (killed, or its connection lost), a loop whose agent is
+    stuck in a delivery would keep this process alive for as long as the agent hangs,
+    unseen by any owner. So the loops are told to stop, and those still in their agents
+    ``ABANDON_AFTER`` seconds later are left to die with the process: their attempts
+    were closed with the connection (the recipients are retried from the spool)."""
+    gone_since: float | None = None
+    while alive := [loop for loop in loops if loop.is_alive()]:
+        alive[0].join(POLL)
+        if not client.closed:
+            continue
+        now = time.monotonic()
+        if gone_since is None:
+            gone_since = now
+            stop.set()
+        elif now - gone_since >= ABANDON_AFTER:
+            log.warning(
+                "the owner went away; %d delivery loop(s) still in their agent abandoned",
+                len(alive),
+            )
+            return alive
+    return []
 
 
 @click.command()

@@ -252,6 +252,36 @@ def test_a_hung_worker_is_killed_at_its_lease(tmp_path: Path) -> None:
     assert entry.recipients == ("hang@example.net",) and entry.attempts == 1
 
 
+def test_a_worker_stuck_in_its_agent_exits_when_its_owner_is_killed(tmp_path: Path) -> None:
+    """Before: a worker whose agent hung outlived a SIGKILLed owner for as long as the
+    agent hung, a process no owner watched. Now it leaves within seconds of the drop."""
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d, "--agent", AGENT + "by_local_part", "--workers", "1") as proc:
+        with connect(d) as client:
+            client.accept("a@example.org", ["hang@example.net"], body(1))
+            wait_for(
+                lambda: any(w["in_flight"] for w in client.status()["workers"]),
+                what="the delivery in the worker's agent",
+            )
+            pid = client.status()["workers"][0]["pid"]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    try:
+        wait_for(lambda: not running(pid), timeout=30, what="the worker's exit")
+    finally:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.slow
 def test_kill_the_owner_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
     """SIGKILL the owner while clients accept and workers deliver into a Maildir; restart
