@@ -26,6 +26,9 @@ from spool.spool import Spool
 
 # The most attempts one ``claim`` hands out (a worker asks for several when many are due).
 CLAIM_BATCH_MAX: Final = 64
+# How often a claim waiting for work looks whether the owner's stop began. A worker's
+# claims wait about this long anyway (``worker.CLAIM_WAIT``), so they are not cut up.
+STOP_CHECK: Final = 1.0
 
 
 def _arg(args: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -68,10 +71,17 @@ class Peer:
 class Session:
     """The owner's side of one connection."""
 
-    def __init__(self, spool: Spool, peer: Peer, owner_info: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        peer: Peer,
+        owner_info: Callable[[], dict[str, Any]],
+        stopping: threading.Event | None = None,
+    ) -> None:
         self.spool = spool
         self.peer = peer
         self._owner_info = owner_info
+        self._stopping = stopping or threading.Event()  # set when the owner's stop begins
         self._lock = threading.Lock()
         self._attempts: dict[str, Attempt] = {}
         self._claimed_at: dict[str, float] = {}  # time.monotonic() of each claim
@@ -148,7 +158,7 @@ class Session:
         if not 1 <= most <= CLAIM_BATCH_MAX:  # (never printed: it may be any size)
             raise SpoolMisuse(f"max must be 1 to {CLAIM_BATCH_MAX}")
         claimed: list[Attempt] = []
-        first = self.spool.claim(CLAIM_WAIT_MAX if wait is None else wait)
+        first = self._first_claim(CLAIM_WAIT_MAX if wait is None else wait)
         while first is not None:
             claimed.append(first)
             first = self.spool.claim() if len(claimed) < most else None
@@ -158,6 +168,18 @@ class Session:
                 self._attempts[attempt.msg_id] = attempt
                 self._claimed_at[attempt.msg_id] = now
         return [attrs.asdict(a.envelope) for a in claimed]
+
+    def _first_claim(self, wait: float) -> Attempt | None:
+        """``Spool.claim(wait)``, but none once the owner's stop begins: a claim waiting
+        for work looks every ``STOP_CHECK`` seconds, so that it does not hold the stop
+        up for the rest of its wait (up to ``CLAIM_WAIT_MAX``)."""
+        deadline = time.monotonic() + wait
+        while not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            attempt = self.spool.claim(max(0.0, min(left, STOP_CHECK)))
+            if attempt is not None or left <= STOP_CHECK:
+                return attempt
+        return None
 
     def _attempt(self, args: dict[str, Any]) -> Attempt:
         msg_id = _arg(args, "msg_id", str)

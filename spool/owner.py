@@ -23,6 +23,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Final
@@ -38,6 +39,7 @@ from spool.spool import Spool
 
 ACCEPT_RETRY: Final = 0.1  # seconds before accepting again after a failure (EMFILE)
 REQUESTS_IN_FLIGHT: Final = 32  # per connection; the reader waits beyond this
+STOP_JOIN: Final = 10.0  # seconds a stop waits for the requests in hand, all connections
 # A frame holds one message and its envelope: the owner's limit is the message size limit
 # plus room for the envelope (1,000 recipients of 256 bytes) and the framing.
 ENVELOPE_ROOM: Final = 1024 * 1024
@@ -124,9 +126,10 @@ class ControlServer:
             connections = list(self._connections.values())
         for c in connections:
             _shut(c.sock)
+        deadline = time.monotonic() + STOP_JOIN  # for all of them, not each in turn
         for c in connections:
             if c.thread is not None:
-                c.thread.join(timeout=10)
+                c.thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def drop(self, pid: int) -> None:
         """Drop the connections of process ``pid`` (a worker killed for its lease)."""
@@ -163,7 +166,7 @@ class ControlServer:
             _send(sock, threading.Lock(), ErrorReply(0, type(error).__name__, str(error)))
             sock.close()
             return
-        session = Session(self.spool, peer, self._owner_info)
+        session = Session(self.spool, peer, self._owner_info, self._stopping)
         connection = Connection(sock, session, threading.current_thread())
         with self._lock:
             self._connections[id(connection)] = connection
@@ -181,7 +184,10 @@ class ControlServer:
         slots = threading.BoundedSemaphore(REQUESTS_IN_FLIGHT)
         workers: list[threading.Thread] = []
         try:
-            while not self._stopping.is_set():
+            # Read until the connection ends (``stop`` shuts it), not until the stop
+            # begins: a worker settles the message in hand during its grace, and a report
+            # left unread would defer a recipient its agent had delivered.
+            while True:
                 try:
                     data = sock.recv(1 << 20)
                 except OSError:

@@ -46,3 +46,9 @@ def grey_once(envelope: MessageEnvelope, data: bytes) -> dict[str, str]:
     if envelope.attempts == 0:
         return dict.fromkeys(envelope.recipients, "451 4.7.1 greylisted, try again")
     return dict.fromkeys(envelope.recipients, "250 2.0.0 ok")
+
+
+def slow_by_local_part(envelope: MessageEnvelope, data: bytes) -> dict[str, str]:
+    """``by_local_part`` after two seconds: a delivery still in hand when a stop begins."""
+    time.sleep(2)
+    return by_local_part(envelope, data)

@@ -17,7 +17,7 @@ import pytest
 from spool import Spool
 from spool.agents.maildir import mailbox_name
 from spool.client import Client, connect
-from tests.serve.running import ROOT, child_env, owner
+from tests.serve.running import ROOT, child_env, owner, read
 from tests.serve.sink import start_sink
 
 MESSAGES = int(os.environ.get("SPOOL_SERVE_MESSAGES", "300"))
@@ -271,6 +271,27 @@ def test_a_worker_stuck_in_its_agent_exits_when_its_owner_is_killed(tmp_path: Pa
     finally:
         if running(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_lets_the_worker_report_the_whole_message_in_hand(tmp_path: Path) -> None:
+    """SIGTERM while a worker's agent is in a delivery with a failed and a delivered
+    recipient, reported in that order (two requests). Before: the owner stopped reading a
+    connection once its stop began, so the second report was lost, the delivered recipient
+    deferred and delivered again after the restart."""
+    d = make_spool(str(tmp_path / "spool"))
+    args = ("--agent", AGENT + "slow_by_local_part", "--workers", "1")
+    with owner(d, *args) as proc, connect(d) as client:
+        client.accept("a@example.org", ["nouser@example.net", "ok@example.net"], body(1))
+        wait_for(
+            lambda: any(w["in_flight"] for w in client.status()["workers"]),
+            what="the delivery in the worker's agent",
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    with Spool.open(d) as sp:
+        left = list(sp.list())
+    assert left == [], f"left in the queue: {[e.recipients for e in left]}"
+    assert "delivered 1, deferred 0, failed 1 (recipients)" in read(d + ".log")
 
 
 def running(pid: int) -> bool:
