@@ -172,7 +172,9 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
                 number, salt, problem, tuple(items), pos, reason, len(data), tuple(corrections)
             )
         vouched = body_end if body_end is not None and body_end[1] > pos else None
-        pad_end = None if vouched is not None else _padding_end(data, pos, salt)
+        pad_end = None
+        if vouched is None:
+            pad_end = _padding_end(data, pos, salt) or _burst_padding_end(data, pos, salt)
         if pad_end is not None:
             why = f"padding damaged ({reason})"
             items.append((pos, Region(number, pos, pad_end, RegionKind.PADDING, why)))
@@ -223,6 +225,21 @@ def _padding_end(data: bytes, pos: int, salt: int) -> int | None:
     if corrected is not None and isinstance(parse_frame(corrected, 0, salt), Frame):
         return end if corrected[8] == fmt.T_PAD else None
     return end if _was_padding(data[pos:end]) else None
+
+
+def _burst_padding_end(data: bytes, pos: int, salt: int) -> int | None:
+    """Where a PAD frame at ``pos`` ends whose header a burst hit (its length no longer
+    says): the sector boundary a PAD frame there would end at, if the bytes up to it are
+    that frame but for the burst (``_padding_but_for_a_burst``). The frames after it are
+    then judged on their own: a torn last batch after a damaged PAD is a torn tail, not
+    records lost with the padding (the search for the next valid frame would run through
+    the tear into that batch's later sectors)."""
+    end = pos - pos % fmt.SECTOR + fmt.SECTOR
+    if end - pos < fmt.FRAME_HEADER_SIZE:
+        end += fmt.SECTOR  # a widened PAD frame (``framing.padding_for``)
+    if end > len(data) or not _padding_but_for_a_burst(data[pos:end], salt):
+        return None
+    return end
 
 
 def _correct_in_place(
@@ -494,7 +511,7 @@ def same_id(damaged: str, msg_id: str) -> bool:
     return len(wrong) <= 2 or (len(wrong) <= BURST and wrong[-1] - wrong[0] < BURST)
 
 
-BURST = 4
+BURST = fmt.BURST
 
 
 # Frames up to this size are searched for a single flipped bit (8 CRC steps a byte).

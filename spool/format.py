@@ -21,6 +21,9 @@ FORMAT_VERSIONS_READ: Final = frozenset({1, 2})
 # Sector size the write path pads every group commit to, so that no write ever touches a
 # sector holding bytes an earlier fsync made durable (docs/fault-model.md).
 SECTOR: Final = 512
+# The damage model's burst (docs/fault-model.md, assumption 8): up to this many bytes in a
+# row hit at once, whatever their bits.
+BURST: Final = 4
 
 # --- segment files -------------------------------------------------------------------
 # Header: magic(8) version(u32) header_size(u32) segment_number(u64) salt(u32) crc(u32)

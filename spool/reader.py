@@ -29,7 +29,15 @@ import attrs
 
 from spool import format as fmt
 from spool.errors import CorruptSpool
-from spool.framing import NEED_DATA, BadFrame, Frame, Scanner, parse_frame, peek_header
+from spool.framing import (
+    NEED_DATA,
+    BadFrame,
+    Frame,
+    Scanner,
+    encode_frame,
+    parse_frame,
+    peek_header,
+)
 from spool.fs import FileSystem
 from spool.records import Position
 from spool.segment_header import check_segment_header, header_blank, segment_salt
@@ -62,9 +70,32 @@ def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:
     for rel in range(0, len(data), sector):
         if rel > offset - first and isinstance(parse_frame(data, rel, salt), Frame):
             return False
-        if data[rel : rel + sector] == zero[: len(data) - rel]:
+        all_zero = data[rel : rel + sector] == zero[: len(data) - rel]
+        if all_zero and not _widened_padding_into(data, offset - first, rel, salt):
             break
     return _covers_a_gap(data, offset - first, salt)
+
+
+def _widened_padding_into(data: bytes, at: int, zeros: int, salt: int) -> bool:
+    """Whether the all-zero sector at ``zeros`` may be the rest of a widened PAD frame
+    at ``at`` whose header a burst hit, rather than a tear.
+
+    A PAD frame widened by a sector (docs/format.md) has its header cross into the next
+    sector, which holds nothing else but zeros: a burst over the header's last bytes
+    (its type among them) leaves that sector all zero with nothing torn. It is that frame
+    when its header is the one of the PAD frame ending at the next sector boundary but
+    for one run of at most ``BURST`` bytes: then the search for a valid frame goes on
+    past it (one at that boundary means damage, as after any sector that is there)."""
+    sector = fmt.SECTOR
+    end = zeros + sector
+    if zeros != at - at % sector + sector or at + fmt.FRAME_HEADER_SIZE <= zeros:
+        return False  # not the sector a header at ``at`` crosses into
+    if end > len(data) or end - at - fmt.FRAME_HEADER_SIZE > fmt.FRAME_PAYLOAD_MAX:
+        return False
+    header = encode_frame(fmt.T_PAD, bytes(end - at - fmt.FRAME_HEADER_SIZE), salt)
+    got = data[at : at + fmt.FRAME_HEADER_SIZE]
+    differ = [i for i in range(fmt.FRAME_HEADER_SIZE) if got[i] != header[i]]
+    return bool(differ) and differ[-1] - differ[0] < fmt.BURST
 
 
 def _covers_a_gap(data: bytes, at: int, salt: int) -> bool:

@@ -36,6 +36,7 @@ from spool import Spool
 from spool import format as fmt
 from spool.framing import Frame, parse_frame
 from spool.positions import decode_positions
+from spool.records import Position
 from spool.segment_header import segment_salt
 from spool.testing import FakeClock
 from spool.testing.crashsim import CrashSimulator, RecordingFS, TreeState, Unit
@@ -208,7 +209,13 @@ class Explorer:
         """Flip one byte of the durable log (media damage, not a crash): recovery and the
         tools must report it (CorruptSpool, or a problem from the check), never cut it as
         a torn tail or lose what is behind it."""
-        damaged = flip_durable_byte(state, rng, self._aim)
+        durable = dict(sim.build(prefix, ()).files)
+        synced = {
+            path: len(data)
+            for path, data in state.files
+            if path in durable and data.startswith(durable[path])
+        }
+        damaged = flip_durable_byte(state, rng, self._aim, synced)
         if damaged is None:
             return
         flipped, path, offsets = damaged
@@ -344,7 +351,10 @@ _ID_TEXT = re.compile(rb"\x70[0-9A-F]{16}")
 
 
 def flip_durable_byte(
-    state: TreeState, rng: random.Random, aim: random.Random | None = None
+    state: TreeState,
+    rng: random.Random,
+    aim: random.Random | None = None,
+    synced: dict[str, int] | None = None,
 ) -> tuple[TreeState, str, tuple[int, ...]] | None:
     """A copy of ``state`` with one bit of a segment flipped inside the durable log (before
     the restart positions' ``consistent`` end), and half the time a second one a few bytes
@@ -358,7 +368,8 @@ def flip_durable_byte(
     sixteen a START made unreadable with a frame after it hit too (``_start_and_after``):
     where a repair must note that a lost start used its envelope up, whatever the damage
     after it (a tiny body, padding, another record); and one in sixteen a burst over a
-    PAD frame's header."""
+    PAD frame's header (``_pad_header_burst``), the one layer that also damages bytes
+    synced after the positions (``synced``: each segment's synced length)."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -423,19 +434,51 @@ def flip_durable_byte(
         if found is not None:
             offsets, bits = found
     elif aim is not None and aimed < 0.5625:
-        # A burst over a PAD frame's header (its CRC and length hit together): padding
-        # still, which a repair once read as records and held the live mail for.
-        pads = [pos for pos, ftype, _ in _frames(files[path], limit) if ftype == fmt.T_PAD]
-        pads = [pos for pos in pads if pos + 4 <= limit]
-        if pads:
-            start = min(aim.choice(pads) + aim.randrange(fmt.FRAME_HEADER_SIZE), limit - 4)
-            offsets = list(range(start, start + 4))
-            bits = [aim.randrange(8) for _ in offsets]
+        found = _pad_header_burst(files, end, synced or {}, aim)
+        if found is not None:
+            path, offsets, zeroed = found
+            data = bytearray(files[path])
+            for at in offsets:
+                data[at] = 0 if zeroed else data[at] ^ 1 << aim.randrange(8)
+            files[path] = bytes(data)
+            return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)
     data = bytearray(files[path])
     for at, bit in zip(offsets, bits, strict=True):
         data[at] ^= 1 << bit
     files[path] = bytes(data)
     return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)
+
+
+def _pad_header_burst(
+    files: dict[str, bytes], end: Position, synced: dict[str, int], aim: random.Random
+) -> tuple[str, list[int], bool] | None:
+    """A burst of four bytes over a durable PAD frame's header: (the segment, the offsets,
+    whether the bytes are zeroed rather than flipped), or None if no PAD is durable.
+
+    A PAD header is durable before the positions' consistent end, or in bytes synced
+    since (its whole batch was). Half the bursts zero their bytes, ending at the type
+    byte: over a widened PAD (its header crossing into a sector of nothing else) that
+    leaves a whole sector of zeros with valid frames after it, which recovery once cut
+    as a torn tail. The rest flip a bit in each byte anywhere in the header (CRC and
+    length hit together), which a repair once read as records, holding live mail."""
+    pads = []
+    for path, data in sorted(files.items()):
+        if not path.startswith(os.path.join("spool", fmt.LOG_DIR, "")):
+            continue
+        seg = int(os.path.basename(path).split(".")[0])
+        before = len(data) if seg < end.segment else end.offset if seg == end.segment else 0
+        limit = min(len(data), max(before, synced.get(path, 0)))
+        pads += [
+            (path, pos)
+            for pos, ftype, _ in _frames(data, limit)
+            if ftype == fmt.T_PAD and pos + fmt.FRAME_HEADER_SIZE <= limit
+        ]
+    if not pads:
+        return None
+    path, pos = aim.choice(pads)
+    zeroed = aim.random() < 0.5
+    first = pos + fmt.FRAME_HEADER_SIZE - 4 if zeroed else pos + aim.randrange(6)
+    return path, list(range(first, first + 4)), zeroed
 
 
 # Bytes no id holds, for ``_id_made_no_id``: a NUL, a path separator, a lower-case letter.

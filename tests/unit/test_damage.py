@@ -11,6 +11,7 @@ attempt must still be open.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import cbor2
@@ -19,7 +20,7 @@ import pytest
 from spool import CorruptSpool, Spool
 from spool import format as fmt
 from spool import records as rec
-from spool.check import repair_spool
+from spool.check import check_spool, repair_spool
 from spool.damage import BURST, RECORD_FRAME_MIN, _padding_but_for_a_burst, _sized_marker
 from spool.framing import encode_frame, pad_frame
 from spool.fs import FileSystem
@@ -347,3 +348,78 @@ def test_only_bytes_that_are_padding_but_for_one_burst_pass_for_it() -> None:
     hit = bytearray(record)
     hit[0:4] = b"\0\0\0\0"
     assert not _padding_but_for_a_burst(bytes(hit), salt)
+
+
+@pytest.mark.parametrize("first", range(fmt.FRAME_HEADER_SIZE - BURST, fmt.FRAME_HEADER_SIZE))
+def test_a_burst_that_zeroes_a_widened_pads_sector_is_damage_not_a_tear(
+    tmp_path: Path, first: int
+) -> None:
+    # Found by review: a PAD frame widened by a sector (its header crosses into the next
+    # sector, its type byte the only non-zero byte there). Zeroing the header's last four
+    # bytes left that sector all zero: the open took it for a torn tail and cut the
+    # acknowledged batch after it, and the check called the spool clean.
+    options = {"inline_body_max": 1000, "checkpoint_interval": 10**6}
+    for size in range(300, 300 + fmt.SECTOR):  # a first batch that ends 8 bytes short
+        live, crashed = tmp_path / f"live{size}", tmp_path / f"crashed{size}"
+        sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
+        m = sp.accept("a@example.org", ["r1@example.net"], b"x" * size)
+        n = sp.accept("a@example.org", ["r2@example.net"], b"y" * 10)  # durable on return
+        shutil.copytree(live, crashed)  # the power fails: positions name neither batch
+        sp.close()
+        widened = [
+            p
+            for p, _r, f in walk(FS, str(crashed), skip_bodies=False)
+            if f is not None and f.type == fmt.T_PAD and f.size == fmt.SECTOR + 8
+        ]
+        if widened:
+            pad = widened[0]
+            break
+    path = segment(crashed, pad.segment)
+    data = bytearray(path.read_bytes())
+    data[pad.offset + first : pad.offset + first + BURST] = bytes(BURST)  # the type among them
+    crossed = pad.offset + 8  # the sector the header crosses into: all zero now
+    assert data[crossed : crossed + fmt.SECTOR] == bytes(fmt.SECTOR)
+    path.write_bytes(bytes(data))
+    assert not check_spool(str(crashed)).clean
+    with pytest.raises(CorruptSpool):
+        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
+    report = repair_spool(str(crashed))
+    assert report.fates == (), f"the repair named {report.fates}"
+    assert report.after.clean, report.after.problems
+    with Spool.open(crashed, **options) as sp:  # type: ignore[arg-type]
+        assert sorted(e.msg_id for e in sp.list()) == sorted([m, n])
+
+
+def test_a_burst_over_padding_before_a_torn_batch_is_padding_and_a_tear(tmp_path: Path) -> None:
+    # Found by the explorer's PAD-header layer (seed 12005): a burst over the length of the
+    # PAD frame ending a synced batch, and the next batch torn (its first sector unwritten,
+    # a later one on disk). The search for the next valid frame ran through the tear into
+    # that batch's later sectors, so the padding and the tear made one region of "records
+    # lost" and the repair held every live message.
+    base = tmp_path / "w"
+    fs = RecordingFS(str(base))
+    sp = Spool.open(str(base / "spool"), fs=fs, clock=FakeClock(), checkpoint_interval=10**6)
+    m = sp.accept("a@example.org", ["b@example.net"], b"m" * 100)
+    sp.accept("a@example.org", ["c@example.net"], b"n" * 900)  # a batch of three sectors
+    last = max(i for i, op in enumerate(fs.trace.ops) if op.kind == "write")
+    sim = CrashSimulator(fs.trace)
+    torn = [u for u in sim.pending(last + 1) if u.op_index == last and u.lo > 0]
+    assert torn, "the last batch spans more than one sector"
+    state = sim.build(last + 1, torn)  # the crash: its first sector never written
+    state.write(str(tmp_path / "state"))
+    root = tmp_path / "state" / "spool"
+    pad = [
+        p
+        for p, _r, f in walk(FS, str(root), skip_bodies=False)
+        if f is not None and f.type == fmt.T_PAD
+    ][-1]  # the PAD frame that ends m's batch
+    path = segment(root, pad.segment)
+    data = bytearray(path.read_bytes())
+    for at in range(pad.offset + 4, pad.offset + 8):  # its length field
+        data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+    report = repair_spool(str(root))
+    assert report.fates == (), f"the repair named {report.fates}"
+    assert report.after.clean, report.after.problems
+    with Spool.open(root) as sp:
+        assert m in [e.msg_id for e in sp.list()]
