@@ -18,6 +18,7 @@ as Postfix's smtpd(8) restrictions are around its protocol engine:
 - **The spool's errors** as an MTA answers them: ``DiskFull`` ``452 4.3.1`` (try later),
   a refused message ``554 5.6.0``, a failed or closing spool ``451 4.3.0``.
 - A ``Received:`` header (RFC 5321 4.4) is prepended to every message.
+- **A stop says 421** (RFC 5321 3.8) to every session, to one in DATA once it is answered.
 
 PIPELINING, 8BITMIME and SMTPUTF8 are offered (the spool takes UTF-8 addresses), and
 STARTTLS with a certificate (``--tls-cert``/``--tls-key``), never required.
@@ -25,16 +26,19 @@ STARTTLS with a certificate (``--tls-cert``/``--tls-key``), never required.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import email.utils
 import ipaddress
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, AnyStr, Final
 
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import SMTP, Envelope, Session
+from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
 
 from spool.addresses import check_mailbox, check_sender, domain_of, mailbox_key
 from spool.async_spool import AsyncSpool
@@ -75,13 +79,58 @@ _ENHANCED: Final = {
 }
 
 
+SHUTTING_DOWN: Final = b"421 4.3.2 Service shutting down, closing transmission channel\r\n"
+STOP_GRACE: Final = 5.0  # seconds a stop waits for transactions in DATA to be answered
+
+
 class _SMTP(SMTP):
-    """aiosmtpd's SMTP with enhanced status codes on the replies it makes itself."""
+    """aiosmtpd's SMTP with enhanced status codes on the replies it makes itself, known
+    to its front end while connected, so that a stop can say 421 (``SmtpFrontEnd.stop``)."""
+
+    in_data = False  # from DATA until its reply is written: a stop waits for it
 
     async def push(self, status: AnyStr) -> None:
         if isinstance(status, str):
             status = _ENHANCED.get(status, status)
         await super().push(status)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.event_handler.sessions.add(self)  # (again after STARTTLS: the same session)
+
+    def connection_lost(self, error: Exception | None) -> None:
+        self.event_handler.sessions.discard(self)
+        super().connection_lost(error)
+
+    @syntax("DATA")
+    async def smtp_DATA(self, arg: str) -> None:
+        self.in_data = True
+        try:
+            await super().smtp_DATA(arg)
+        finally:
+            self.in_data = False
+
+    def shut(self) -> None:
+        """Say 421 and close (RFC 5321 3.8: a server shutting down answers so)."""
+        if self.transport is not None:
+            self.transport.write(SHUTTING_DOWN)  # type: ignore[attr-defined]
+            self.transport.close()
+
+
+async def _shut_sessions(sessions: set[_SMTP], deadline: float) -> None:
+    """Say 421 to this loop's sessions: at once to those between transactions, and to one
+    in DATA once its reply is written (its message may be durable already: cutting it
+    before the 250 would have it sent twice), or at ``deadline`` (time.monotonic())."""
+    loop = asyncio.get_running_loop()
+    while True:
+        mine = [s for s in sessions if s.loop is loop]
+        for session in mine:
+            if not session.in_data or time.monotonic() >= deadline:
+                session.shut()
+                sessions.discard(session)
+        if not any(s.loop is loop for s in sessions):
+            return
+        await asyncio.sleep(0.02)
 
 
 class SpoolHandler:
@@ -97,6 +146,7 @@ class SpoolHandler:
     ) -> None:
         self.spool = spool
         self.hostname = hostname
+        self.sessions: set[_SMTP] = set()  # connected, on any listener's loop
         self.mynetworks = [ipaddress.ip_network(n, strict=False) for n in mynetworks]
         # Compared as domain_of() gives a recipient's domain: A-labels, lower case.
         self.relay_domains = {domain_of("postmaster@" + d.rstrip(".")) for d in relay_domains}
@@ -269,7 +319,19 @@ class SmtpFrontEnd:
             raise
 
     def stop(self) -> None:
-        """Stop listening; sessions in DATA are cut (their mail was not acknowledged)."""
+        """Stop listening, say 421 to every session (one in DATA once it is answered, up
+        to ``STOP_GRACE``), then stop the listeners' loops."""
+        deadline = time.monotonic() + STOP_GRACE
+        running = [c for c in self.controllers if c.server is not None]
+        for c in running:
+            assert c.server is not None
+            c.loop.call_soon_threadsafe(c.server.close)  # no new connections
+        for c in running:
+            told = asyncio.run_coroutine_threadsafe(
+                _shut_sessions(self.handler.sessions, deadline), c.loop
+            )
+            with contextlib.suppress(Exception):  # a loop already gone: nothing to tell
+                told.result(STOP_GRACE + 1)
         for c in self.controllers:
             c.stop()
 

@@ -4,6 +4,7 @@ against the front end in process where a test needs a spool option the command h
 from __future__ import annotations
 
 import concurrent.futures
+import signal
 import smtplib
 import socket as socket_module
 import time
@@ -353,3 +354,40 @@ def test_tls_options_are_checked_before_anything_starts(tmp_path: Path) -> None:
     done = spool_cmd("serve", d, *smtp, "--relay-domain", "bad..domain")
     assert done.returncode == 2 and "--relay-domain" in done.stderr
     assert not (tmp_path / "spool").exists()
+
+
+def test_a_stop_says_421_to_every_session(tmp_path: Path) -> None:
+    # Before: a stop dropped the sessions without a word (RFC 5321 3.8 wants a 421), and
+    # one whose message was being stored lost its 250 (sent again by its client).
+    d, port = str(tmp_path / "spool"), free_port()
+    with owner(d, "--smtp", f"127.0.0.1:{port}") as proc:
+        idle, mid, data = (socket_module.create_connection(("127.0.0.1", port), 30) for _ in "abc")
+        readers = {sock: sock.makefile("rb") for sock in (idle, mid, data)}
+
+        def say(sock: socket_module.socket, command: bytes, code: bytes) -> None:
+            sock.sendall(command + b"\r\n")
+            while (line := readers[sock].readline())[3:4] == b"-":
+                pass
+            assert line.startswith(code + b" "), line
+
+        for sock in (idle, mid, data):
+            assert readers[sock].readline().startswith(b"220 ")
+            say(sock, b"EHLO client.example.org", b"250")
+        for sock in (mid, data):
+            say(sock, b"MAIL FROM:<a@example.org>", b"250")
+            say(sock, b"RCPT TO:<b@example.net>", b"250")
+        say(data, b"DATA", b"354")
+        data.sendall(MESSAGE)  # the message, not yet its end
+        proc.send_signal(signal.SIGTERM)
+        for sock in (idle, mid):
+            said = readers[sock].readline()
+            assert said.startswith(b"421 4.3.2 "), said
+        say(data, b".", b"250")  # the stop waited for it: stored and answered
+        assert readers[data].readline().startswith(b"421 4.3.2 ")
+        for sock in (idle, mid, data):
+            assert readers[sock].read(1) == b""  # then closed
+            readers[sock].close()
+            sock.close()
+        assert proc.wait(60) == 0
+    with Spool.open(d) as sp:
+        assert [e.recipients for e in sp.list()] == [("b@example.net",)]
