@@ -40,6 +40,11 @@ from spool.spool import Spool
 ACCEPT_RETRY: Final = 0.1  # seconds before accepting again after a failure (EMFILE)
 REQUESTS_IN_FLIGHT: Final = 32  # per connection; the reader waits beyond this
 STOP_JOIN: Final = 10.0  # seconds a stop waits for the requests in hand, all connections
+# Requests whose reply may be as large as a message (a body, the queue's list), answered at
+# once per connection: a client that sends many and reads none holds at most this many
+# such replies in the owner's memory (the reader waits beyond it), not REQUESTS_IN_FLIGHT.
+LARGE_REPLY_OPS: Final = frozenset({"read_data", "list"})
+LARGE_REPLIES_IN_FLIGHT: Final = 2
 # A frame holds one message and its envelope: the owner's limit is the message size limit
 # plus room for the envelope (1,000 recipients of 256 bytes) and the framing.
 ENVELOPE_ROOM: Final = 1024 * 1024
@@ -182,6 +187,7 @@ class ControlServer:
         decoder = Decoder(self._max_frame)
         send_lock = threading.Lock()
         slots = threading.BoundedSemaphore(REQUESTS_IN_FLIGHT)
+        large = threading.BoundedSemaphore(LARGE_REPLIES_IN_FLIGHT)
         workers: list[threading.Thread] = []
         try:
             # Read until the connection ends (``stop`` shuts it), not until the stop
@@ -204,10 +210,12 @@ class ControlServer:
                     return
                 for message in messages:
                     assert isinstance(message, Request)
-                    slots.acquire()
+                    held = [slots] + ([large] if message.op in LARGE_REPLY_OPS else [])
+                    for semaphore in held:
+                        semaphore.acquire()
                     worker = threading.Thread(
                         target=self._answer,
-                        args=(sock, send_lock, slots, session, message),
+                        args=(sock, send_lock, held, session, message),
                         daemon=True,
                     )
                     worker.start()
@@ -222,10 +230,12 @@ class ControlServer:
         self,
         sock: socket.socket,
         send_lock: threading.Lock,
-        slots: threading.BoundedSemaphore,
+        held: list[threading.BoundedSemaphore],
         session: Session,
         request: Request,
     ) -> None:
+        """Answer one request, then give back the places it ``held`` (once its reply is
+        sent: a reply the client does not read keeps its place)."""
         try:
             try:
                 answer: Reply | ErrorReply = Reply(
@@ -238,7 +248,8 @@ class ControlServer:
                 answer = ErrorReply(request.id, "SpoolError", f"internal error: {e!r}")
             _send(sock, send_lock, answer)
         finally:
-            slots.release()
+            for semaphore in held:
+                semaphore.release()
 
 
 def _send(sock: socket.socket, lock: threading.Lock, message: Reply | ErrorReply) -> None:

@@ -8,6 +8,7 @@ import shutil
 import socket
 import struct
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -239,3 +240,38 @@ def test_numbers_too_large_to_convert_get_a_typed_error(
     assert len(got) == 1 and isinstance(got[0], ErrorReply)
     assert (got[0].id, got[0].error) == (4, error)
     unchanged(live)
+
+
+def test_a_client_that_reads_no_replies_cannot_fill_the_owners_memory(tmp_path: Path) -> None:
+    # Before: each of 32 requests in flight on a connection kept its reply in memory
+    # until sent, so a client asking for an 8 MB body 32 times and reading nothing grew
+    # the owner by about 700 MiB (a few such connections: out of memory); now about 55.
+    d = str(tmp_path / "spool")
+    Spool.open(d).close()
+    body = os.urandom(8 << 20)
+    with owner(d) as proc:
+        with connect(d) as client:
+            msg_id = client.accept("a@example.org", ["b@example.net"], body)
+        before = resident_kib(proc.pid)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(socket_path(d))
+            s.sendall(encode(Request(1, "hello", {"version": 1})))
+            s.sendall(encode(Request(2, "claim", {"timeout": 5.0, "max": 1})))
+            decoder, got = Decoder(), []
+            while len(got) < 2:
+                got += decoder.feed(s.recv(65536))
+            assert isinstance(got[1], Reply) and got[1].result[0]["msg_id"] == msg_id
+            reads = b"".join(
+                encode(Request(i, "read_data", {"msg_id": msg_id})) for i in range(3, 35)
+            )
+            s.sendall(reads)  # and never read the replies
+            time.sleep(3)
+            grown = resident_kib(proc.pid) - before
+    assert grown < 200 * 1024, f"the owner grew by {grown // 1024} MiB"
+
+
+def resident_kib(pid: int) -> int:
+    """The resident memory of process ``pid`` in KiB (``VmRSS``)."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(line for line in f if line.startswith("VmRSS:"))
+    return int(line.split()[1])
