@@ -161,7 +161,12 @@ class ControlServer:
                 sock.close()
 
     def _serve(self, sock: socket.socket) -> None:
-        peer = peer_of(sock)
+        try:
+            peer = peer_of(sock)
+        except OSError as e:  # the peer already gone: nothing to serve
+            log.warning("a connection ended before it could be identified: %s", e)
+            sock.close()
+            return
         if not peer_allowed(peer.uid, self._allowed_uid):
             log.warning("refused a connection from uid %d (pid %d)", peer.uid, peer.pid)
             error = PeerRefused(

@@ -9,9 +9,14 @@ outran its report. ``Return-Path:`` and ``Delivered-To:`` are prepended, as loca
 agents do.
 
 The mailbox directory is the recipient address with ``/`` written as ``%2F`` and a leading
-dot as ``%2E`` (so no address names a path outside ``PATH``). Mapping: written -> 250;
-disk full or quota (ENOSPC, EDQUOT) -> 452 4.2.2, deferred; any other OS error -> 451
-4.3.0, deferred (a permissions slip is fixed by the operator, and the mail waits).
+dot as ``%2E`` (so no address names a path outside ``PATH``). A mailbox directory this
+process has not yet made durable is, with its ``tmp/``, ``new/`` and ``cur/``: each
+directory it creates is fsynced in its parent before the first delivery into it counts
+(else a power cut could take a first message's mailbox, and the message with it, after
+its 250). Mapping: written -> 250; disk full or quota (ENOSPC, EDQUOT) -> 452 4.2.2,
+deferred; a name too long for a directory (ENAMETOOLONG: no retry makes it fit) -> 550
+5.1.3, failed; any other OS error -> 451 4.3.0, deferred (a permissions slip is fixed by
+the operator, and the mail waits).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class MaildirAgent:
         self.root = root
         self._host = socket.gethostname().replace("/", "\\057").replace(":", "\\072")
         self._count = itertools.count(1)
+        self._durable: set[str] = set()  # mailbox directories known durable
 
     def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
         replies: dict[str, str] = {}
@@ -47,6 +53,9 @@ class MaildirAgent:
             try:
                 self._write(rcpt, envelope.sender, data)
             except OSError as e:
+                if e.errno == errno.ENAMETOOLONG:
+                    replies[rcpt] = "550 5.1.3 mailbox name too long for a directory"
+                    continue
                 full = e.errno in (errno.ENOSPC, errno.EDQUOT)
                 code = "452 4.2.2 mailbox full" if full else "451 4.3.0 local delivery failed"
                 replies[rcpt] = f"{code}: {e.strerror or e}"
@@ -56,8 +65,8 @@ class MaildirAgent:
 
     def _write(self, rcpt: str, sender: str, data: bytes) -> None:
         box = os.path.join(self.root, mailbox_name(rcpt))
-        for sub in ("tmp", "new", "cur"):
-            os.makedirs(os.path.join(box, sub), 0o700, exist_ok=True)
+        if box not in self._durable:
+            self._make_durable(box)
         now = time.time()
         unique = f"{int(now)}.M{int(now % 1 * 1e6)}P{os.getpid()}Q{next(self._count)}.{self._host}"
         tmp = os.path.join(box, "tmp", unique)
@@ -80,14 +89,31 @@ class MaildirAgent:
         # Delivered once the rename is durable: fsync the directory that now names it. If
         # this fsync fails the file is in new/ but the recipient is deferred: a possible
         # duplicate, never a loss (the mailbox owner may see the copy before the retry).
-        dir_fd = os.open(new_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_directory(new_dir)
+
+    def _make_durable(self, box: str) -> None:
+        """Create ``box`` and its three directories where missing, and make their names
+        durable: each parent fsynced once its entries exist. Done once per mailbox per
+        process, whoever created them (another worker's mkdir may not be synced yet)."""
+        os.makedirs(self.root, 0o700, exist_ok=True)
+        for sub in ("tmp", "new", "cur"):
+            os.makedirs(os.path.join(box, sub), 0o700, exist_ok=True)
+        # A crash before these fsyncs: the directories may vanish, but nothing in them was
+        # reported delivered yet.
+        for directory in (box, self.root):
+            _fsync_directory(directory)
+        self._durable.add(box)
 
     def close(self) -> None:
         pass
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def make(argument: str) -> MaildirAgent:

@@ -5,11 +5,14 @@
 recipient; without it, once for all of them. Exit status as pipe(8) maps sysexits: 0
 delivered; 75 (EX_TEMPFAIL) deferred; a signal or a run over ``TIMEOUT`` seconds deferred;
 a command that cannot be started deferred (the operator fixes it, the mail waits); any
-other status failed, quoting the first line of the command's standard error.
+other status failed, quoting the first line of the command's standard error. A word that
+an address would make begin with ``-`` is never run (it could pass as an option: Postfix's
+``allow_min_user = no``): that recipient fails, 550 5.1.3.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from typing import Final
@@ -19,6 +22,7 @@ from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
 
 EX_TEMPFAIL: Final = 75
+_PLACEHOLDER: Final = re.compile(r"\{sender\}|\{recipient\}")
 TIMEOUT: Final = 1000.0  # seconds, as Postfix's command_time_limit
 
 
@@ -34,9 +38,12 @@ class PipeAgent:
         return {r: reply for r in envelope.recipients}
 
     def _run(self, sender: str, recipient: str | None, data: bytes) -> str:
-        argv = [w.replace("{sender}", sender) for w in self.words]
-        if recipient is not None:
-            argv = [w.replace("{recipient}", recipient) for w in argv]
+        values = {"{sender}": sender, "{recipient}": recipient or ""}
+        # One pass: an address holding the text "{recipient}" stays as it is.
+        argv = [_PLACEHOLDER.sub(lambda m: values[m.group(0)], w) for w in self.words]
+        if any(a[:1] == "-" != w[:1] for w, a in zip(self.words, argv, strict=True)):
+            # An address that would pass as an option (Postfix's allow_min_user = no).
+            return "550 5.1.3 an address beginning with '-' is not given to a command"
         try:
             done = subprocess.run(argv, input=data, capture_output=True, timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
