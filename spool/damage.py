@@ -54,7 +54,7 @@ from crc32c import crc32c
 
 from spool import format as fmt
 from spool import records as rec
-from spool.framing import Frame, encode_frame, pad_frame, parse_frame
+from spool.framing import Frame, encode_frame, one_bit_fixed, pad_frame, parse_frame
 from spool.reader import first_valid_frame, looks_torn
 from spool.records import Position
 from spool.segment_header import check_segment_header, header_blank, segment_salt
@@ -221,7 +221,7 @@ def _padding_end(data: bytes, pos: int, salt: int) -> int | None:
     aligned = end % fmt.SECTOR == 0  # a PAD ends its batch on a sector boundary
     if end < len(data) and not aligned and not isinstance(parse_frame(data, end, salt), Frame):
         return None  # the length itself may be the damage: let the search find the end
-    corrected = _corrected(data[pos:end], salt)
+    corrected = one_bit_fixed(data[pos:end], salt)
     if corrected is not None and isinstance(parse_frame(corrected, 0, salt), Frame):
         return end if corrected[8] == fmt.T_PAD else None
     return end if _was_padding(data[pos:end]) else None
@@ -273,7 +273,7 @@ def _correct_frame(raw: bytes, salt: int, body_of: str | None) -> tuple[Frame, s
     spans ``raw`` exactly and reads as what belongs there: a record that decodes, or the
     BODY frame of ``body_of`` (the message whose first envelope precedes it). Padding is
     never taken (it holds nothing: a damaged PAD is set aside as padding)."""
-    corrected = _corrected(raw, salt)
+    corrected = one_bit_fixed(raw, salt)
     if corrected is None:
         return None
     frame = parse_frame(corrected, 0, salt)
@@ -430,7 +430,7 @@ def _classify(
         why = f"body of {msg_id} and the records after it damaged ({reason})"
         return Region(number, start, end, RegionKind.BODY_AND_RECORDS, why, msg_id, size)
     raw = data[start:end]
-    corrected = _corrected(raw, salt)
+    corrected = one_bit_fixed(raw, salt)
     padding = corrected is not None and corrected[8] == fmt.T_PAD
     if (
         padding
@@ -512,38 +512,6 @@ def same_id(damaged: str, msg_id: str) -> bool:
 
 
 BURST = fmt.BURST
-
-
-# Frames up to this size are searched for a single flipped bit (8 CRC steps a byte).
-CORRECT_MAX = 64 * 1024
-
-
-def _corrected(raw: bytes, salt: int) -> bytes | None:
-    """``raw``, one frame that fails its check, with the one flipped bit that explains the
-    failure put right; None if no single bit does (or the frame is too long to search).
-
-    A CRC is affine, so flipping bit *b* of the byte *k* bytes before the end changes it by
-    a value that depends only on *b* and *k* (the "syndrome"). CRC-32C's Hamming distance
-    is 4 for frames up to 2^31 bits (Koopman), so the syndromes of single bits all differ,
-    and no damage of two bits has one's syndrome: a result is the frame as written unless
-    three or more of its bits flipped.
-    """
-    if not fmt.FRAME_HEADER_SIZE <= len(raw) <= CORRECT_MAX:
-        return None
-    stored = int.from_bytes(raw[:4], "little")
-    covered = raw[4:]
-    syndrome = stored ^ crc32c(covered, salt)
-    if bin(syndrome).count("1") == 1:
-        return raw  # the flip is in the stored CRC: the rest is intact
-    zero = crc32c(b"\0", 0)
-    effects = [crc32c(bytes([1 << b]), 0) ^ zero for b in range(8)]
-    for k in range(len(covered)):
-        if syndrome in effects:
-            fixed = bytearray(covered)
-            fixed[len(covered) - 1 - k] ^= 1 << effects.index(syndrome)
-            return raw[:4] + bytes(fixed)
-        effects = [crc32c(b"\0", e) ^ zero for e in effects]  # one more byte after it
-    return None
 
 
 def single_record(raw: bytes) -> rec.Record | None:

@@ -127,6 +127,38 @@ def peek_header(
     return ftype, _HEADER_SIZE + length
 
 
+# Frames up to this size are searched for a single flipped bit (8 CRC steps a byte).
+CORRECT_MAX = 64 * 1024
+
+
+def one_bit_fixed(raw: bytes, salt: int) -> bytes | None:
+    """``raw``, one frame that fails its check, with the one flipped bit that explains the
+    failure put right; None if no single bit does (or the frame is too long to search).
+
+    A CRC is affine, so flipping bit *b* of the byte *k* bytes before the end changes it by
+    a value that depends only on *b* and *k* (the "syndrome"). CRC-32C's Hamming distance
+    is 4 for frames up to 2^31 bits (Koopman), so the syndromes of single bits all differ,
+    and no damage of two bits has one's syndrome: a result is the frame as written unless
+    three or more of its bits flipped.
+    """
+    if not fmt.FRAME_HEADER_SIZE <= len(raw) <= CORRECT_MAX:
+        return None
+    stored = int.from_bytes(raw[:4], "little")
+    covered = raw[4:]
+    syndrome = stored ^ crc32c(covered, salt)
+    if bin(syndrome).count("1") == 1:
+        return raw  # the flip is in the stored CRC: the rest is intact
+    zero = crc32c(b"\0", 0)
+    effects = [crc32c(bytes([1 << b]), 0) ^ zero for b in range(8)]
+    for k in range(len(covered)):
+        if syndrome in effects:
+            fixed = bytearray(covered)
+            fixed[len(covered) - 1 - k] ^= 1 << effects.index(syndrome)
+            return raw[:4] + bytes(fixed)
+        effects = [crc32c(b"\0", e) ^ zero for e in effects]  # one more byte after it
+    return None
+
+
 class Scanner:
     """Turns a stream of bytes into frames; fed with ``feed``, pulled with ``next``.
 

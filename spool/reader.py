@@ -35,6 +35,7 @@ from spool.framing import (
     Frame,
     Scanner,
     encode_frame,
+    one_bit_fixed,
     parse_frame,
     peek_header,
 )
@@ -113,7 +114,12 @@ def _covers_a_gap(data: bytes, at: int, salt: int) -> bool:
     end = header_end + length
     if first_valid_frame(data, at + 1, min(end, len(data)), salt) < min(end, len(data)):
         return False  # a frame inside it: its length is the damage (data cannot pose, salts)
-    return end > len(data) or _zero_sector_in(data, at, end)
+    if end > len(data):
+        return True
+    # A sector of zeros inside a frame that is all there may be its data (a message with
+    # a run of NULs): if one flipped bit explains its failed check with the zeros as they
+    # are, the zeros were written and the bit is the damage.
+    return _zero_sector_in(data, at, end) and one_bit_fixed(data[at:end], salt) is None
 
 
 # A header whose length field's top byte is 0 (no payload reaches 16 MiB) and whose type
