@@ -401,3 +401,39 @@ def test_connect_gives_up_on_an_owner_that_does_not_answer(tmp_path: Path) -> No
             assert time.monotonic() - started < 10
         finally:
             proc.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_bounces_survive_kills_of_the_owner_at_least_once(tmp_path: Path) -> None:
+    """SIGKILL the owner while its workers fail mail at the next hop and its bouncer
+    queues the notices; restart and drain: every failed message was bounced to its
+    sender at least once (a kill between a notice and its acknowledgement sends it twice,
+    the SMTP way), and no notice was itself bounced."""
+    controller, sink, sink_port = start_sink()
+    d = make_spool(str(tmp_path / "spool"), outcomes=True)
+    agent = ("--agent", f"smtp:127.0.0.1:{sink_port}", "--workers", "2", "--bounces")
+    senders = [f"s{i}@example.org" for i in range(40)]
+    try:
+        with owner(d, *agent) as proc:
+            with connect(d) as client:
+                for i, sender in enumerate(senders):
+                    client.accept(sender, [f"nouser{i}@example.net"], body(i))
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        for delay in (0.4, 0.8):
+            with owner(d, *agent) as proc:
+                time.sleep(delay)
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        with owner(d, *agent):
+            wait_for(drained(d), what="the drain after the kills")
+            wait_for(
+                lambda: {s for _f, rcpts, _c in sink.received for s in rcpts} >= set(senders),
+                what="a notice to every sender",
+            )
+    finally:
+        controller.stop()
+    bounced = [rcpts for sender, rcpts, _ in sink.received if sender == "<>"]
+    assert {r for rcpts in bounced for r in rcpts} == set(senders)
+    assert all(sender == "<>" for sender, _r, _c in sink.received)  # nothing else got through
