@@ -165,11 +165,17 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
 class SpoolStreamReader(DataSourceStreamReader):
     """Follows live spools. An offset maps ``server|segment`` to the byte offset of the
     next unread frame: each micro-batch reads the whole frames written since (a segment
-    only grows; a retired one is read on from its archive, under the same number)."""
+    only grows; a retired one is read on from its archive, under the same number).
+
+    Only a source's newest segment grows: one that was not the newest when looked at is
+    complete (the writer starts a segment once the one before is synced), so its end is
+    looked for once and kept (``_final``), and a micro-batch opens the newest segments
+    only, not every segment of the archives again."""
 
     def __init__(self, sources: list[str], on_damage: str) -> None:
         self.sources = sources
         self.on_damage = on_damage
+        self._final: dict[str, int] = {}  # the end of each complete segment looked at
 
     def initialOffset(self) -> dict[str, int]:
         return {}
@@ -183,7 +189,12 @@ class SpoolStreamReader(DataSourceStreamReader):
         latest = dict(start)
         for source in plan_segments(self.sources):
             key = _key(source)
+            if key in self._final:
+                latest[key] = self._final[key]
+                continue
             latest[key] = readable_end(source, start.get(key, 0))
+            if source.newest != source.segment:
+                self._final[key] = latest[key]
         return latest
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:

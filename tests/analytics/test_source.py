@@ -7,7 +7,7 @@ from typing import Any
 
 from spool import Spool
 from spool.analytics.events import plan_segments, segment_rows
-from spool.analytics.source import PARTITION_BYTES, pack
+from spool.analytics.source import PARTITION_BYTES, SpoolStreamReader, pack
 from spool.testing import FakeClock, deliver_all
 
 
@@ -76,3 +76,30 @@ def test_a_stream_follows_a_live_spool(spark: Any, tmp_path: Path) -> None:
         assert rows.where("kind = 'delivered'").count() == 5
     finally:
         sp.close()
+
+
+def test_the_stream_reader_keeps_complete_segments_and_follows_a_rollover(tmp_path: Path) -> None:
+    # A complete segment's end is looked for once; the newest, looked at each time, grows
+    # and, rolled over, is read to its end. Every accept is read once over three looks.
+    root = tmp_path / "live"
+    reader = SpoolStreamReader([str(root)], "error")
+    accepted: list[str] = []
+    offsets: dict[str, int] = {}
+    read: list[str] = []
+    with Spool.open(root, clock=FakeClock(), segment_size=4096) as sp:
+        for round_ in range(3):
+            accepted += [
+                sp.accept("a@example.org", ["b@example.net"], b"%d %d" % (round_, n) * 40)
+                for n in range(12)
+            ]
+            sp.sync()
+            latest = reader.latestOffset(offsets)
+            for partition in reader.partitions(offsets, latest):
+                for batch in reader.read(partition):
+                    rows = batch.to_pylist()
+                    read += [r["msg_id"] for r in rows if r["kind"] == "accepted"]
+            offsets = latest
+    assert len(offsets) > 3  # it rolled over
+    assert sorted(read) == sorted(accepted)
+    newest = max(offsets, key=lambda k: int(k.split("|")[1]))
+    assert set(reader._final) == set(offsets) - {newest}
