@@ -147,7 +147,8 @@ def one_bit_fixed(raw: bytes, salt: int) -> bytes | None:
     covered = raw[4:]
     syndrome = stored ^ crc32c(covered, salt)
     if bin(syndrome).count("1") == 1:
-        return raw  # the flip is in the stored CRC: the rest is intact
+        # The flip is in the stored CRC: the rest is intact, the CRC is the one it covers.
+        return (stored ^ syndrome).to_bytes(4, "little") + covered
     zero = crc32c(b"\0", 0)
     effects = [crc32c(bytes([1 << b]), 0) ^ zero for b in range(8)]
     for k in range(len(covered)):

@@ -117,9 +117,36 @@ def _covers_a_gap(data: bytes, at: int, salt: int) -> bool:
     if end > len(data):
         return True
     # A sector of zeros inside a frame that is all there may be its data (a message with
-    # a run of NULs): if one flipped bit explains its failed check with the zeros as they
-    # are, the zeros were written and the bit is the damage.
-    return _zero_sector_in(data, at, end) and one_bit_fixed(data[at:end], salt) is None
+    # a run of NULs): if one flipped bit outside every such sector explains its failed
+    # check with the zeros as they are, the zeros were written and the bit is the damage.
+    # (A bit inside one is no evidence: a sector written as zeros but for one set bit,
+    # then torn, reads exactly so.)
+    if not _zero_sector_in(data, at, end):
+        return False
+    if _length_bit_flipped(data, at, salt):
+        return False  # its length field is the damage: the frame it said is all there
+    fixed = one_bit_fixed(data[at:end], salt)
+    if fixed is None:
+        return True
+    flipped = at + next(i for i in range(len(fixed)) if fixed[i] != data[at + i])
+    its_sector = max(at, flipped - flipped % fmt.SECTOR)  # from the frame's start at most
+    return _zero_sector_in(data, its_sector, its_sector + 1)
+
+
+def _length_bit_flipped(data: bytes, at: int, salt: int) -> bool:
+    """Whether the frame at ``at`` is valid but for one flipped bit of its length field
+    (which, shortening it, leaves the one-bit search of its wrong extent nothing to find:
+    a sector of zeros inside the frame it really is would then read as a tear)."""
+    _crc, length, _ftype = fmt.FRAME_HEADER.unpack_from(data, at)
+    for bit in range(32):
+        size = fmt.FRAME_HEADER_SIZE + (length ^ 1 << bit)
+        if size - fmt.FRAME_HEADER_SIZE > fmt.FRAME_PAYLOAD_MAX or at + size > len(data):
+            continue
+        fixed = bytearray(data[at : at + size])
+        fixed[4:8] = (length ^ 1 << bit).to_bytes(4, "little")
+        if isinstance(parse_frame(fixed, 0, salt), Frame):
+            return True
+    return False
 
 
 # A header whose length field's top byte is 0 (no payload reaches 16 MiB) and whose type

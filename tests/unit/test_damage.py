@@ -457,3 +457,83 @@ def test_one_flipped_bit_in_a_body_holding_a_sector_of_zeros_is_damage_not_a_tea
         attempt = sp.claim()
         assert attempt is not None and attempt.msg_id == m and attempt.read_data() == data
         attempt.close()
+
+
+@pytest.mark.parametrize("one_byte", [0x01, 0x20, 0x80])
+def test_a_torn_sector_of_nuls_but_one_bit_is_a_tear_not_damage(
+    tmp_path: Path, one_byte: int
+) -> None:
+    # Found by review of the one-bit rule: a body sector of NULs but for one byte with one
+    # bit set, unwritten at a power cut, reads as zeros one bit away from what was written;
+    # the rule took the tear for damage and the open refused a plain torn tail. A bit in a
+    # sector that reads all zero is no evidence of damage.
+    options = {"checkpoint_interval": 10**6, "inline_body_max": 60000}
+    fs = RecordingFS(str(tmp_path / "w"))
+    sp = Spool.open(str(tmp_path / "w" / "spool"), fs=fs, clock=FakeClock(), **options)  # type: ignore[arg-type]
+    first = sp.accept("a@example.org", ["b@example.net"], b"acknowledged")
+    body = bytearray(b"x" * 700 + bytes(1536) + b"y" * 700)
+    sp.accept("a@example.org", ["c@example.net"], bytes(body))  # a layout to learn from
+    last = max(i for i, op in enumerate(fs.trace.ops) if op.kind == "write")
+    op = fs.trace.ops[last]
+    run_at = op.offset + op.data.find(bytes(1536))
+    nul_sector = (run_at + fmt.SECTOR - 1) // fmt.SECTOR * fmt.SECTOR  # wholly in the run
+    body[700 + nul_sector - run_at + 100] = one_byte
+    sp.accept("a@example.org", ["d@example.net"], bytes(body))  # the power fails in this one
+    last = max(i for i, op in enumerate(fs.trace.ops) if op.kind == "write")
+    op = fs.trace.ops[last]
+    assert one_byte in op.data[op.data.find(b"x" * 700) :]
+    sim = CrashSimulator(fs.trace)
+    run_at = op.offset + op.data.find(b"x" * 700) + 700
+    unwritten = (run_at + fmt.SECTOR - 1) // fmt.SECTOR * fmt.SECTOR
+    pending = sim.pending(last + 1)
+    kept = [u for u in pending if not (u.op_index == last and op.offset + u.lo == unwritten)]
+    assert len(kept) == len(pending) - 1
+    sim.build(last + 1, kept).write(str(tmp_path / "state"))
+    sp.close()
+    root = tmp_path / "state" / "spool"
+    with Spool.open(root) as sp:  # a torn tail: cut, not refused
+        assert first in [e.msg_id for e in sp.list()]
+
+
+@pytest.mark.parametrize("kind", [fmt.T_ENVELOPE, fmt.T_BODY])
+def test_one_bit_of_a_stored_crc_is_set_right_by_the_repair(tmp_path: Path, kind: int) -> None:
+    # Found by the same review: the one-bit search gave a frame whose stored CRC held the
+    # flipped bit back unchanged, so it never checked and was not set right: a body set
+    # aside (its message bounced), an envelope held for the operator.
+    root = tmp_path / "spool"
+    options = {"inline_body_max": 4000}
+    with Spool.open(root, clock=FakeClock(), **options) as sp:  # type: ignore[arg-type]
+        m = sp.accept("a@example.org", ["b@example.net"], b"the body " * 20)
+    frame = next(
+        p for p, _r, f in walk(FS, str(root), skip_bodies=False) if f is not None and f.type == kind
+    )
+    flip(segment(root, frame.segment), frame.offset + 2)
+    report = repair_spool(str(root))
+    assert report.fates == () and report.after.clean, (report.fates, report.after.problems)
+    with Spool.open(root, clock=FakeClock(), **options) as sp:  # type: ignore[arg-type]
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == m
+        assert attempt.read_data() == b"the body " * 20
+        attempt.close()
+
+
+def test_one_bit_of_a_length_that_shortens_a_body_of_nuls_is_damage(tmp_path: Path) -> None:
+    # Found by the same review: a flipped length bit shortened the BODY frame, so the
+    # one-bit search of its wrong extent found nothing and its sector of NULs read as a
+    # tear: both acknowledged batches cut, the check clean.
+    options = {"inline_body_max": 4000, "checkpoint_interval": 10**6}
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
+    sp.accept("a@example.org", ["r1@example.net"], b"GIF89a" + bytes(1500) + b"end")
+    sp.accept("a@example.org", ["r2@example.net"], b"later message")
+    shutil.copytree(live, crashed)
+    sp.close()
+    body = next(
+        p
+        for p, _r, f in walk(FS, str(crashed), skip_bodies=False)
+        if f is not None and f.type == fmt.T_BODY
+    )
+    flip(segment(crashed, body.segment), body.offset + 4)  # the length's lowest bit
+    assert not check_spool(str(crashed)).clean
+    with pytest.raises(CorruptSpool):
+        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
