@@ -3,8 +3,8 @@
 The owner opens the spool (recovery), serves the control socket (``control.py`` answers
 each request, ``protocol.py`` frames them) and supervises the delivery workers
 (``supervisor.py``). One thread accepts connections; each connection has a reader thread
-and up to ``REQUESTS_IN_FLIGHT`` requests served at once by its own threads, so a slow or
-stuck client holds up only itself: the owner never blocks on a worker.
+and up to ``REQUESTS_IN_FLIGHT`` requests served at once by its own pool of threads, so a
+slow or stuck client holds up only itself: the owner never blocks on a worker.
 
 Security: the socket is made 0600 before it takes its name (bound under a temporary name,
 then renamed), and every connection's peer uid (``SO_PEERCRED``) must be the owner's or
@@ -18,8 +18,10 @@ the spool's lock, so no other owner can be serving it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import queue
 import socket
 import struct
 import threading
@@ -193,7 +195,9 @@ class ControlServer:
         send_lock = threading.Lock()
         slots = threading.BoundedSemaphore(REQUESTS_IN_FLIGHT)
         large = threading.BoundedSemaphore(LARGE_REPLIES_IN_FLIGHT)
-        workers: list[threading.Thread] = []
+        # The connection's request threads, started as needed and kept for its next
+        # requests (a thread per request cost the owner more than the request itself).
+        pool = RequestThreads(REQUESTS_IN_FLIGHT)
         try:
             # Read until the connection ends (``stop`` shuts it), not until the stop
             # begins: a worker settles the message in hand during its grace, and a report
@@ -218,18 +222,13 @@ class ControlServer:
                     held = [slots] + ([large] if message.op in LARGE_REPLY_OPS else [])
                     for semaphore in held:
                         semaphore.acquire()
-                    worker = threading.Thread(
-                        target=self._answer,
-                        args=(sock, send_lock, held, session, message),
-                        daemon=True,
-                    )
-                    worker.start()
-                    workers = [w for w in workers if w.is_alive()] + [worker]
+                    pool.run(functools.partial(
+                        self._answer, sock, send_lock, held, session, message
+                    ))  # fmt: skip
         finally:
             # Requests already taken are answered (or their attempts recorded) before the
             # session closes its attempts, so no claim outlives its connection.
-            for worker in workers:
-                worker.join()
+            pool.finish()
 
     def _answer(
         self,
@@ -255,6 +254,43 @@ class ControlServer:
         finally:
             for semaphore in held:
                 semaphore.release()
+
+
+class RequestThreads:
+    """One connection's request threads: started as requests need them, up to ``most``,
+    and kept for the next ones. Daemon threads, as a stuck request must never hold up the
+    owner's exit (a pool of the standard library's joins its threads at exit)."""
+
+    def __init__(self, most: int) -> None:
+        self._most = most
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def run(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on an idle thread, or a new one (the caller bounds how many run)."""
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self._most:
+                thread = threading.Thread(target=self._serve, name="control-request", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        self._tasks.put(task)
+
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            task()
+            with self._lock:
+                self._idle += 1
+
+    def finish(self) -> None:
+        """Wait for the tasks given, then end the threads."""
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join()
 
 
 def _send(sock: socket.socket, lock: threading.Lock, message: Reply | ErrorReply) -> None:

@@ -187,7 +187,7 @@ def _wait_for_loops(
 @click.command()
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--agent", "agent_spec", default="demo", show_default=True, help="Delivery agent.")
-@click.option("--max-use", default=100, show_default=True, help="Attempts before exiting.")
+@click.option("--max-use", default=1000, show_default=True, help="Attempts before exiting.")
 @click.option("--concurrency", default=CONCURRENCY, show_default=True, help="Deliveries at once.")
 def main(directory: str, agent_spec: str, max_use: int, concurrency: int) -> None:
     """Deliver from the spool DIRECTORY's running owner through AGENT."""

@@ -41,7 +41,7 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
 @click.option(
     "--max-use",
     type=click.IntRange(1),
-    default=100,
+    default=1000,
     show_default=True,
     help="Attempts a worker makes before it is replaced (Postfix's max_use).",
 )

@@ -8,6 +8,7 @@ import shutil
 import socket
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from spool import Spool
 from spool.client import connect, socket_path
 from spool.errors import PeerRefused, ProtocolError
-from spool.owner import ControlServer, peer_allowed, peer_of
+from spool.owner import ControlServer, RequestThreads, peer_allowed, peer_of
 from spool.protocol import HEADER, Decoder, ErrorReply, Reply, Request, encode
 from tests.serve.running import owner
 
@@ -275,3 +276,20 @@ def resident_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         line = next(line for line in f if line.startswith("VmRSS:"))
     return int(line.split()[1])
+
+
+def test_request_threads_are_kept_for_the_next_requests() -> None:
+    # A thread per request cost the owner more than most requests; now a connection's
+    # threads are reused, as many started as requests ran at once.
+    threads = RequestThreads(32)
+    done: list[int] = []
+    for i in range(50):  # one after another: one thread serves them all
+        finished = threading.Event()
+        threads.run(lambda i=i, finished=finished: (done.append(i), finished.set()))
+        assert finished.wait(10)
+    release = threading.Event()
+    for _ in range(5):  # five at once: five threads
+        threads.run(lambda: release.wait(10) and None)
+    release.set()
+    threads.finish()
+    assert done == list(range(50)) and len(threads._threads) == 5
