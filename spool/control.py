@@ -11,6 +11,7 @@ Thread-safe: the owner serves the requests of one connection from several thread
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -18,14 +19,38 @@ from typing import Any, Final
 
 import attrs
 
+from spool import records as rec
 from spool.attempts import Attempt
-from spool.errors import ProtocolError, SpoolMisuse, UnknownMessage
+from spool.errors import ProtocolError, SpoolError, SpoolMisuse, UnknownMessage
 from spool.operator import OperatorAction
 from spool.protocol import CLAIM_WAIT_MAX, VERSION
+from spool.records import Position
 from spool.spool import Spool
 
 # The most attempts one ``claim`` hands out (a worker asks for several when many are due).
 CLAIM_BATCH_MAX: Final = 64
+# A claim with ``data`` carries the bodies of its attempts up to this many bytes in all
+# (the others: ``read_data``), so that its reply is never one of the large ones.
+CLAIM_DATA_MAX: Final = 1024 * 1024
+REPORT_STATUSES: Final = (rec.DELIVERED, rec.FAILED, rec.DEFERRED)
+
+
+def _with_data(claimed: list[Attempt]) -> list[dict[str, Any]]:
+    """The attempts' envelopes, each with its body as ``data`` while they fit in
+    ``CLAIM_DATA_MAX`` together and read (otherwise without: ``read_data`` then says why,
+    as it would have)."""
+    room = CLAIM_DATA_MAX
+    found = []
+    for attempt in claimed:
+        fields = attrs.asdict(attempt.envelope)
+        if attempt.envelope.body_size <= room:
+            with contextlib.suppress(SpoolError):
+                fields["data"] = attempt.read_data()
+                room -= len(fields["data"])
+        found.append(fields)
+    return found
+
+
 # How often a claim waiting for work looks whether the owner's stop began. A worker's
 # claims wait about this long anyway (``worker.CLAIM_WAIT``), so they are not cut up.
 STOP_CHECK: Final = 1.0
@@ -92,6 +117,7 @@ class Session:
             "read_data": self._read_data,
             "report": self._report,
             "close_attempt": self._close_attempt,
+            "settle": self._settle,
             "list": self._list,
             "act": self._act,
             "retry_now": self._retry_now,
@@ -157,6 +183,7 @@ class Session:
         most = _arg(args, "max", int)
         if not 1 <= most <= CLAIM_BATCH_MAX:  # (never printed: it may be any size)
             raise SpoolMisuse(f"max must be 1 to {CLAIM_BATCH_MAX}")
+        with_data = _arg(args, "data", bool) if "data" in args else False
         claimed: list[Attempt] = []
         first = self._first_claim(CLAIM_WAIT_MAX if wait is None else wait)
         while first is not None:
@@ -167,7 +194,7 @@ class Session:
             for attempt in claimed:
                 self._attempts[attempt.msg_id] = attempt
                 self._claimed_at[attempt.msg_id] = now
-        return [attrs.asdict(a.envelope) for a in claimed]
+        return _with_data(claimed) if with_data else [attrs.asdict(a.envelope) for a in claimed]
 
     def _first_claim(self, wait: float) -> Attempt | None:
         """``Spool.claim(wait)``, but none once the owner's stop begins: a claim waiting
@@ -205,6 +232,41 @@ class Session:
         if report is None:
             raise ProtocolError("status must be delivered, failed or deferred")
         report(recipients, reply)
+
+    def _settle(self, args: dict[str, Any]) -> None:
+        """Report each group of recipients, then close: ``report``s and ``close_attempt``
+        in one round trip, the delivered and failed ones durable before the reply (one
+        wait for all of them). A refused group is answered as an error once the groups
+        before it are durable; the attempt then stays open."""
+        attempt = self._attempt(args)
+        groups = _arg(args, "reports", list)
+        checked = []
+        for group in groups:
+            if type(group) is not list or len(group) != 3:
+                raise ProtocolError("each report is [status, recipients, reply]")
+            status, recipients, reply = group
+            if status not in REPORT_STATUSES:
+                raise ProtocolError("status must be delivered, failed or deferred")
+            if type(recipients) is not list or not all(type(r) is str for r in recipients):
+                raise ProtocolError("recipients must be a list of text")
+            if type(reply) is not str:
+                raise ProtocolError("reply must be text")
+            checked.append((status, recipients, reply))
+        book, flight = attempt._book, attempt._flight  # as AsyncSpool stages its reports
+        ends: list[Position] = []
+        logs = []
+        try:
+            for status, recipients, reply in checked:
+                end, logged = book.stage_report(flight, status, recipients, reply)
+                logs.append(logged)
+                if end is not None:
+                    ends.append(end)
+        finally:
+            if ends:
+                book.state.writer.wait_durable(max(ends))  # the commit point of them all
+            for logged in logs:
+                logged()
+        self._close_attempt(args)
 
     def _close_attempt(self, args: dict[str, Any]) -> None:
         attempt = self._attempt(args)

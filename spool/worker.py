@@ -2,17 +2,16 @@
 
 ``spool serve --workers N --agent SPEC`` starts N of these (``supervisor.py``); one can
 also be run by hand against a running owner: ``python -m spool.worker DIR --agent SPEC``.
-The loop claims an attempt (one at a time: its lease runs from the claim), reads its
-body, hands it to the agent (``spool.agents``), reports each recipient by its reply (delivered and
-failed first: they return once durable) and closes the attempt. A worker runs
-``--concurrency`` such loops (threads, each with its own agent, as each Postfix smtp(8)
-process has its own connection), so their durable reports share the owner's fsyncs. It
-exits after
-``--max-use`` attempts (the owner starts a fresh one, as Postfix's ``max_use``), when the
-owner goes away (at once, even with an agent stuck in a delivery: ``ABANDON_AFTER``), or
-on SIGTERM once the message in hand is settled. SIGINT is left to the
-owner (a Ctrl-C at a terminal reaches the whole process group; the owner then stops its
-workers with SIGTERM).
+The loop claims an attempt (one at a time: its lease runs from the claim) with its body,
+hands it to the agent (``spool.agents``), then reports each recipient by its reply and
+closes the attempt in one round trip (``settle``: delivered and failed durable first).
+A worker runs ``--concurrency`` such loops (threads, each with its own agent, as each
+Postfix smtp(8) process has its own connection), so their durable reports share the
+owner's fsyncs. It exits after ``--max-use`` attempts (the owner starts a fresh one, as
+Postfix's ``max_use``), when the owner goes away (at once, even with an agent stuck in a
+delivery: ``ABANDON_AFTER``), or on SIGTERM once the message in hand is settled. SIGINT
+is left to the owner (a Ctrl-C at a terminal reaches the whole process group; the owner
+then stops its workers with SIGTERM).
 
 Crash safety: a worker writes nothing itself. If it dies, the owner sees its connection
 drop and closes its attempts: recipients it reported keep their outcome, the others are
@@ -71,9 +70,10 @@ def deliver_one(agent: Agent, attempt: RemoteAttempt) -> None:
                 log.warning("%s: agent gave %r for %s; deferred", attempt.msg_id, reply, rcpt)
                 reply = BAD_REPLY
             groups.setdefault((status_of(reply), reply), []).append(rcpt)
-        # Durable outcomes first, then the deferrals; unreported ones are deferred by close.
-        for (status, reply), rcpts in sorted(groups.items(), key=lambda g: g[0][0] == "deferred"):
-            getattr(attempt, status)(rcpts, reply)
+        # Durable outcomes first, then the deferrals, and the close, in one round trip;
+        # recipients the agent left out are deferred by the close.
+        order = sorted(groups.items(), key=lambda g: g[0][0] == "deferred")
+        attempt.settle((status, rcpts, reply) for (status, reply), rcpts in order)
 
 
 class Budget:
@@ -116,7 +116,7 @@ def run_worker(
             granted = budget.take(batch)
             if not granted:
                 return
-            attempts = client.claim_many(granted, CLAIM_WAIT)
+            attempts = client.claim_many(granted, CLAIM_WAIT, with_data=True)
             budget.give_back(granted - len(attempts))
             for attempt in attempts:
                 if stop.is_set():

@@ -217,3 +217,30 @@ def test_clients_waiting_for_work_do_not_hold_up_a_stop(tmp_path: Path) -> None:
             client.close()
     assert took < 15, f"the stop took {took:.1f} s"  # 30 s and more before
     assert len(results) == 3 and all(r is None or isinstance(r, OwnerUnreachable) for r in results)
+
+
+def test_a_claim_with_the_bodies_and_a_settle_in_one_round_trip_each(tmp_path: Path) -> None:
+    # What a worker does per message: two round trips (claim with data, settle) instead
+    # of five (claim, read_data, delivered, failed, close_attempt).
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d), connect(d) as client:
+        first = client.accept("a@example.org", ["b@example.net", "c@example.net"], BODY)
+        second = client.accept("a@example.org", ["d@example.net"], BODY + b"2")
+        got = client.claim_many(2, timeout=5, with_data=True)
+        assert [a.msg_id for a in got] == [first, second]
+        assert [a._data for a in got] == [BODY, BODY + b"2"]  # came with the claim
+        one, two = got
+        one.settle(
+            [
+                ("delivered", ["b@example.net"], "250 2.0.0 ok"),
+                ("deferred", ["c@example.net"], "451 4.7.1 later"),
+            ]
+        )
+        with pytest.raises(SpoolMisuse):  # a recipient not in the attempt: refused
+            two.settle([("delivered", ["nobody@example.net"], "250 ok")])
+        with two:  # still open: closed by hand, its recipient deferred
+            pass
+        stats = client.statistics()
+        assert (stats.delivered, stats.in_flight) == (1, 0)
+        left = {e.msg_id: e.recipients for e in client.list()}
+        assert left == {first: ("c@example.net",), second: ("d@example.net",)}
