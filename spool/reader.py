@@ -114,23 +114,37 @@ def _covers_a_gap(data: bytes, at: int, salt: int) -> bool:
     end = header_end + length
     if first_valid_frame(data, at + 1, min(end, len(data)), salt) < min(end, len(data)):
         return False  # a frame inside it: its length is the damage (data cannot pose, salts)
+    if end <= len(data) and not _zero_sector_in(data, at, end):
+        return False
+    if _length_bit_flipped(data, at, salt):
+        return False  # its length field is the damage: the frame it said is all there
     if end > len(data):
         return True
     # A sector of zeros inside a frame that is all there may be its data (a message with
     # a run of NULs): if one flipped bit outside every such sector explains its failed
     # check with the zeros as they are, the zeros were written and the bit is the damage.
-    # (A bit inside one is no evidence: a sector written as zeros but for one set bit,
-    # then torn, reads exactly so.)
-    if not _zero_sector_in(data, at, end):
-        return False
-    if _length_bit_flipped(data, at, salt):
-        return False  # its length field is the damage: the frame it said is all there
+    # A bit inside one is evidence only if a later batch follows this one: a sector
+    # written as zeros but for one set bit, then torn, reads exactly so, but a tear is
+    # never followed by another batch (the next is written once this one is synced).
     fixed = one_bit_fixed(data[at:end], salt)
     if fixed is None:
         return True
     flipped = at + next(i for i in range(len(fixed)) if fixed[i] != data[at + i])
     its_sector = max(at, flipped - flipped % fmt.SECTOR)  # from the frame's start at most
-    return _zero_sector_in(data, its_sector, its_sector + 1)
+    if not _zero_sector_in(data, its_sector, its_sector + 1):
+        return False
+    return not _later_batch_follows(data, end, salt)
+
+
+def _later_batch_follows(data: bytes, pos: int, salt: int) -> bool:
+    """Whether the valid frames from ``pos`` on run to the end of a batch (a PAD frame
+    ending on a sector boundary; ``data`` starts on one) with another valid frame, the
+    next batch's, right after it."""
+    while isinstance(frame := parse_frame(data, pos, salt), Frame):
+        pos += frame.size
+        if frame.type == fmt.T_PAD and pos % fmt.SECTOR == 0:
+            return isinstance(parse_frame(data, pos, salt), Frame)
+    return False
 
 
 def _length_bit_flipped(data: bytes, at: int, salt: int) -> bool:

@@ -22,10 +22,11 @@ from spool import format as fmt
 from spool import records as rec
 from spool.check import check_spool, repair_spool
 from spool.damage import BURST, RECORD_FRAME_MIN, _padding_but_for_a_burst, _sized_marker
-from spool.framing import encode_frame, pad_frame
+from spool.framing import Frame, encode_frame, frame_crc, pad_frame, parse_frame
 from spool.fs import FileSystem
 from spool.queue_view import walk
 from spool.records import Position
+from spool.segment_header import segment_salt
 from spool.testing import FakeClock
 from spool.testing.crashsim import CrashSimulator, RecordingFS
 from tests.unit.test_recovery_edges import append_batch, frame_of, salt_of
@@ -537,3 +538,79 @@ def test_one_bit_of_a_length_that_shortens_a_body_of_nuls_is_damage(tmp_path: Pa
     assert not check_spool(str(crashed)).clean
     with pytest.raises(CorruptSpool):
         Spool.open(crashed, **options).close()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bit", [10, 16])
+def test_one_bit_that_lengthens_the_files_last_frame_is_damage(tmp_path: Path, bit: int) -> None:
+    # Found by review: a batch that ends on a sector boundary has no PAD frame after its
+    # last frame; a length bit making that frame run past the end of the file read as a
+    # tear (the file ending inside the frame), and the acknowledged message was cut.
+    options = {"checkpoint_interval": 10**6, "inline_body_max": 60000}
+    probe = tmp_path / "probe"
+    with Spool.open(probe, clock=FakeClock(), **options) as sp:  # type: ignore[arg-type]
+        sp.accept("a@example.org", ["r1@example.net"], b"first message")
+        sp.accept("a@example.org", ["r2@example.net"], bytes(300))
+    envelope = [
+        f for _p, _r, f in walk(FS, str(probe), skip_bodies=False) if f and f.type == fmt.T_ENVELOPE
+    ][-1]
+    size = -(envelope.size + fmt.FRAME_HEADER_SIZE + 16) % fmt.SECTOR + fmt.SECTOR
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
+    sp.accept("a@example.org", ["r1@example.net"], b"first message")
+    sp.accept("a@example.org", ["r2@example.net"], (b"hello world " * 200)[:size])
+    shutil.copytree(live, crashed)  # the power fails: positions name neither batch
+    sp.close()
+    body, frame = [
+        (p, f) for p, _r, f in walk(FS, str(crashed), skip_bodies=False) if f is not None
+    ][-1]
+    path = segment(crashed, body.segment)
+    assert frame.type == fmt.T_BODY and body.offset + frame.size == path.stat().st_size
+    data = bytearray(path.read_bytes())
+    data[body.offset + 4 + bit // 8] ^= 1 << bit % 8
+    path.write_bytes(bytes(data))
+    assert not check_spool(str(crashed)).clean
+    with pytest.raises(CorruptSpool):
+        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("one_byte", [0x01, 0x80])
+def test_clearing_a_sectors_one_set_bit_before_a_later_batch_is_damage(
+    tmp_path: Path, one_byte: int
+) -> None:
+    # Found by review: a body sector of NULs but one set bit, that bit cleared by damage,
+    # reads as a torn sector; but a later batch follows, and a tear never is followed by
+    # one (the next batch is written once this one is synced): damage, not a tear.
+    options = {"checkpoint_interval": 10**6, "inline_body_max": 60000}
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
+    m = sp.accept("a@example.org", ["r1@example.net"], b"x" * 700 + bytes(1536) + b"y" * 700)
+    n = sp.accept("a@example.org", ["r2@example.net"], b"later")
+    shutil.copytree(live, crashed)  # the power fails: positions name neither batch
+    sp.close()
+    at, frame = next(
+        (p, f)
+        for p, _r, f in walk(FS, str(crashed), skip_bodies=False)
+        if f is not None and f.type == fmt.T_BODY
+    )
+    path = segment(crashed, at.segment)
+    data = bytearray(path.read_bytes())
+    salt = segment_salt(bytes(data))
+    sector = -(-(at.offset + 9 + 16 + 700) // fmt.SECTOR) * fmt.SECTOR  # inside the NULs
+    assert data[sector : sector + fmt.SECTOR] == bytes(fmt.SECTOR)
+    # The body as if written with one set bit there (its CRC made to match)...
+    data[sector + 100] = one_byte
+    end = at.offset + frame.size
+    crc = frame_crc(
+        bytes(data[at.offset + 4 : at.offset + 9]), bytes(data[at.offset + 9 : end]), salt
+    )
+    data[at.offset : at.offset + 4] = crc.to_bytes(4, "little")
+    assert isinstance(parse_frame(bytes(data), at.offset, salt), Frame)
+    data[sector + 100] = 0  # ...and the damage: that bit cleared
+    path.write_bytes(bytes(data))
+    assert not check_spool(str(crashed)).clean
+    with pytest.raises(CorruptSpool):
+        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
+    report = repair_spool(str(crashed))
+    assert report.fates == () and report.after.clean, (report.fates, report.after.problems)
+    with Spool.open(crashed, clock=FakeClock(), **options) as sp:  # type: ignore[arg-type]
+        assert sorted(e.msg_id for e in sp.list()) == sorted([m, n])
