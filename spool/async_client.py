@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
+from spool.arguments import check_seconds
 from spool.attempts import MessageEnvelope
 from spool.client import (
     Client,
@@ -30,6 +32,7 @@ from spool.client import (
     raise_for_one,
 )
 from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
+from spool.protocol import CLAIM_WAIT_MAX
 from spool.queue_view import QueueEntry
 from spool.statistics import SpoolStatistics
 
@@ -63,10 +66,22 @@ class AsyncClient:
         return found[0] if found else None
 
     async def claim_many(
-        self, most: int, timeout: float | None = None
+        self, most: int, timeout: float | None = None, *, with_data: bool = False
     ) -> builtins.list[AsyncAttempt]:
-        found = await self._call("claim", timeout=0.0 if timeout is None else timeout, max=most)
-        return [AsyncAttempt(self, MessageEnvelope(**_envelope(e))) for e in found]
+        """As ``Client.claim_many``: up to ``most`` due attempts, waiting ``timeout`` for
+        the first (several requests when it is longer than ``CLAIM_WAIT_MAX``), the bodies
+        with them when ``with_data`` (up to 1 MiB in all)."""
+        wait = check_seconds(timeout, "timeout")
+        deadline = time.monotonic() + wait
+        while True:
+            step = min(wait, CLAIM_WAIT_MAX)
+            found = await self._call("claim", timeout=step, max=most, data=with_data)
+            wait = deadline - time.monotonic()
+            if found or wait <= 0:
+                return [
+                    AsyncAttempt(self, MessageEnvelope(**_envelope(e)), e.get("data"))
+                    for e in found
+                ]
 
     async def list(self) -> builtins.list[QueueEntry]:
         return [_entry(e) for e in await self._call("list")]
@@ -120,9 +135,12 @@ class AsyncClient:
 class AsyncAttempt:
     """An attempt over the socket, awaitable; ``async with`` closes it."""
 
-    def __init__(self, client: AsyncClient, envelope: MessageEnvelope) -> None:
+    def __init__(
+        self, client: AsyncClient, envelope: MessageEnvelope, data: bytes | None = None
+    ) -> None:
         self._client = client
         self.envelope = envelope
+        self._data = data  # the body, when it came with the claim
         self._closed = False
 
     @property
@@ -130,6 +148,8 @@ class AsyncAttempt:
         return self.envelope.msg_id
 
     async def read_data(self) -> bytes:
+        if self._data is not None:
+            return self._data
         data: bytes = await self._client._call("read_data", msg_id=self.msg_id)
         return data
 
@@ -148,6 +168,14 @@ class AsyncAttempt:
         await self._client._call(
             "report", msg_id=self.msg_id, status=status, recipients=_texts(recipients), reply=reply
         )
+
+    async def settle(self, reports: Iterable[tuple[str, Iterable[str], str]]) -> None:
+        """As ``RemoteAttempt.settle``: each ``(status, recipients, reply)`` reported, then
+        the attempt closed, in one round trip; the delivered and failed ones durable on
+        return. On a refused report the attempt stays open."""
+        groups = [[status, _texts(recipients), reply] for status, recipients, reply in reports]
+        await self._client._call("settle", msg_id=self.msg_id, reports=groups)
+        self._closed = True
 
     async def close(self) -> None:
         if self._closed:

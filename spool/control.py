@@ -33,6 +33,7 @@ CLAIM_BATCH_MAX: Final = 64
 # (the others: ``read_data``), so that its reply is never one of the large ones.
 CLAIM_DATA_MAX: Final = 1024 * 1024
 REPORT_STATUSES: Final = (rec.DELIVERED, rec.FAILED, rec.DEFERRED)
+REPORT_FIELDS: Final = ("status", "recipients", "reply")  # a settle group's order
 
 
 def _with_data(claimed: list[Attempt]) -> list[dict[str, Any]]:
@@ -73,6 +74,15 @@ def _texts(args: dict[str, Any], name: str) -> list[str]:
     if not all(type(v) is str for v in values):
         raise ProtocolError(f"argument {name!r} must be a list of text")
     return values
+
+
+def _report_group(args: dict[str, Any]) -> tuple[str, list[str], str]:
+    """The checked ``status``, ``recipients`` and ``reply`` of one report (a ``report``
+    request's, or one group of a ``settle``)."""
+    status = _arg(args, "status", str)
+    if status not in REPORT_STATUSES:
+        raise ProtocolError("status must be delivered, failed or deferred")
+    return status, _texts(args, "recipients"), _arg(args, "reply", str)
 
 
 def _seconds(args: dict[str, Any], name: str, most: float) -> float | None:
@@ -221,16 +231,12 @@ class Session:
 
     def _report(self, args: dict[str, Any]) -> None:
         attempt = self._attempt(args)
-        status = _arg(args, "status", str)
-        recipients = _texts(args, "recipients")
-        reply = _arg(args, "reply", str)
+        status, recipients, reply = _report_group(args)
         report = {
-            "delivered": attempt.delivered,
-            "failed": attempt.failed,
-            "deferred": attempt.deferred,
-        }.get(status)
-        if report is None:
-            raise ProtocolError("status must be delivered, failed or deferred")
+            rec.DELIVERED: attempt.delivered,
+            rec.FAILED: attempt.failed,
+            rec.DEFERRED: attempt.deferred,
+        }[status]
         report(recipients, reply)
 
     def _settle(self, args: dict[str, Any]) -> None:
@@ -244,14 +250,7 @@ class Session:
         for group in groups:
             if type(group) is not list or len(group) != 3:
                 raise ProtocolError("each report is [status, recipients, reply]")
-            status, recipients, reply = group
-            if status not in REPORT_STATUSES:
-                raise ProtocolError("status must be delivered, failed or deferred")
-            if type(recipients) is not list or not all(type(r) is str for r in recipients):
-                raise ProtocolError("recipients must be a list of text")
-            if type(reply) is not str:
-                raise ProtocolError("reply must be text")
-            checked.append((status, recipients, reply))
+            checked.append(_report_group(dict(zip(REPORT_FIELDS, group, strict=True))))
         book, flight = attempt._book, attempt._flight  # as AsyncSpool stages its reports
         ends: list[Position] = []
         logs = []

@@ -30,6 +30,7 @@ import time
 from spool.agents import Replies
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
+from spool.fs import FileSystem
 
 DELIVERED = "250 2.0.0 delivered to maildir"
 
@@ -46,6 +47,7 @@ class MaildirAgent:
         self._host = socket.gethostname().replace("/", "\\057").replace(":", "\\072")
         self._count = itertools.count(1)
         self._durable: set[str] = set()  # mailbox directories known durable
+        self._fs = FileSystem()
 
     def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
         replies: dict[str, str] = {}
@@ -89,31 +91,24 @@ class MaildirAgent:
         # Delivered once the rename is durable: fsync the directory that now names it. If
         # this fsync fails the file is in new/ but the recipient is deferred: a possible
         # duplicate, never a loss (the mailbox owner may see the copy before the retry).
-        _fsync_directory(new_dir)
+        self._fs.fsync_dir(new_dir)
 
     def _make_durable(self, box: str) -> None:
         """Create ``box`` and its three directories where missing, and make their names
-        durable: each parent fsynced once its entries exist. Done once per mailbox per
-        process, whoever created them (another worker's mkdir may not be synced yet)."""
+        durable: each parent (up to the root's own) fsynced once its entries exist. Done
+        once per mailbox per process, whoever created them (another worker's mkdir may
+        not be synced yet)."""
         os.makedirs(self.root, 0o700, exist_ok=True)
         for sub in ("tmp", "new", "cur"):
             os.makedirs(os.path.join(box, sub), 0o700, exist_ok=True)
         # A crash before these fsyncs: the directories may vanish, but nothing in them was
         # reported delivered yet.
-        for directory in (box, self.root):
-            _fsync_directory(directory)
+        for directory in (box, self.root, os.path.dirname(os.path.abspath(self.root))):
+            self._fs.fsync_dir(directory)
         self._durable.add(box)
 
     def close(self) -> None:
         pass
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def make(argument: str) -> MaildirAgent:

@@ -9,11 +9,12 @@ import smtplib
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import Envelope, Session
 
 import spool
-from spool import DiskFull, InvalidMessage
+from spool import DiskFull, InvalidMessage, ProtocolError
 from tests.serve.running import owner
 from tests.serve.sink import free_port
 
@@ -147,3 +148,34 @@ def test_a_connection_the_owner_stops_reading_never_blocks_the_event_loop(
         ticks, accepted = asyncio.run(scenario())
     assert accepted == 20
     assert ticks >= 50  # the loop ran all along (blocked, it would tick a handful of times)
+
+
+def test_awaitable_claim_with_the_bodies_and_settle(tmp_path: Path) -> None:
+    # The two round trips of a worker's message, awaitable: a claim that brings the
+    # bodies, then one settle of all the recipients' reports and the close.
+    d = str(tmp_path / "spool")
+
+    async def scenario() -> None:
+        async with await spool.aconnect(d) as client:
+            first = await client.accept("a@example.org", ["b@example.net", "c@example.net"], b"1")
+            second = await client.accept("a@example.org", ["d@example.net"], b"2")
+            one, two = await client.claim_many(2, timeout=5, with_data=True)
+            assert [one.msg_id, two.msg_id] == [first, second]
+            assert (one._data, two._data) == (b"1", b"2")  # came with the claim
+            assert await two.read_data() == b"2"
+            await one.settle(
+                [
+                    ("delivered", ["b@example.net"], "250 2.0.0 ok"),
+                    ("failed", ["c@example.net"], "550 5.1.1 no such user"),
+                ]
+            )
+            with pytest.raises(ProtocolError):  # an unknown status: refused, still open
+                await two.settle([("bounced", ["d@example.net"], "550 5.0.0 no")])
+            async with two:  # closed by hand: its recipient deferred
+                pass
+            stats = await client.statistics()
+            assert (stats.delivered, stats.failed, stats.in_flight) == (1, 1, 0)
+            assert [e.msg_id for e in await client.list()] == [second]
+
+    with owner(d):
+        asyncio.run(scenario())
