@@ -71,6 +71,39 @@ def crashed_with_open_attempt(tmp_path: Path, delivered: bool = True) -> tuple[P
     return tmp_path / "state" / "spool", msg
 
 
+def power_cut_after_two_accepts(
+    tmp_path: Path, first: bytes, second: bytes, **options: int
+) -> tuple[Path, list[str]]:
+    """Two acknowledged accepts, then the power fails with the positions naming neither
+    batch (the live spool copied while still open): the crashed copy and the two ids."""
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
+    msgs = [
+        sp.accept("a@example.org", ["r1@example.net"], first),
+        sp.accept("a@example.org", ["r2@example.net"], second),  # durable on return
+    ]
+    shutil.copytree(live, crashed)
+    sp.close()
+    return crashed, msgs
+
+
+def refused_until_repaired(root: Path, **options: int) -> None:
+    """The damage is seen: the check is not clean and the open refuses the spool."""
+    assert not check_spool(str(root)).clean
+    with pytest.raises(CorruptSpool):
+        Spool.open(root, **options).close()  # type: ignore[arg-type]
+
+
+def repaired_keeping(root: Path, msgs: list[str], **options: int) -> None:
+    """The repair names no message and leaves the spool clean, and every one of ``msgs``
+    is still queued after it."""
+    report = repair_spool(str(root))
+    assert report.fates == (), f"the repair named {report.fates}"
+    assert report.after.clean, report.after.problems
+    with Spool.open(root, clock=FakeClock(), **options) as sp:  # type: ignore[arg-type]
+        assert sorted(e.msg_id for e in sp.list()) == sorted(msgs)
+
+
 # --- markers as records -----------------------------------------------------------------
 
 
@@ -298,11 +331,7 @@ def test_a_pad_frame_whose_length_was_hit_is_padding_not_lost_records(
     ]
     pos, _pad = {"first": pads[0], "between": pads[1], "last": pads[-1]}[which]
     flip(segment(root, pos.segment), pos.offset + 6, pos.offset + 14)
-    report = repair_spool(str(root))
-    assert report.fates == (), f"the repair named {report.fates}"
-    assert report.after.clean, report.after.problems
-    with Spool.open(root) as sp:
-        assert sorted(e.msg_id for e in sp.list()) == sorted(msgs)
+    repaired_keeping(root, msgs)
 
 
 @pytest.mark.parametrize("first", range(fmt.FRAME_HEADER_SIZE))
@@ -326,11 +355,7 @@ def test_a_burst_over_a_pad_frames_header_is_padding_not_lost_records(
     for at in range(pos.offset + first, pos.offset + first + BURST):
         data[at] ^= 0xA5
     path.write_bytes(bytes(data))
-    report = repair_spool(str(root))
-    assert report.fates == (), f"the repair named {report.fates}"
-    assert report.after.clean, report.after.problems
-    with Spool.open(root) as sp:
-        assert sorted(e.msg_id for e in sp.list()) == sorted(msgs)
+    repaired_keeping(root, msgs)
 
 
 def test_only_bytes_that_are_padding_but_for_one_burst_pass_for_it() -> None:
@@ -361,12 +386,9 @@ def test_a_burst_that_zeroes_a_widened_pads_sector_is_damage_not_a_tear(
     # acknowledged batch after it, and the check called the spool clean.
     options = {"inline_body_max": 1000, "checkpoint_interval": 10**6}
     for size in range(300, 300 + fmt.SECTOR):  # a first batch that ends 8 bytes short
-        live, crashed = tmp_path / f"live{size}", tmp_path / f"crashed{size}"
-        sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
-        m = sp.accept("a@example.org", ["r1@example.net"], b"x" * size)
-        n = sp.accept("a@example.org", ["r2@example.net"], b"y" * 10)  # durable on return
-        shutil.copytree(live, crashed)  # the power fails: positions name neither batch
-        sp.close()
+        crashed, msgs = power_cut_after_two_accepts(
+            tmp_path / str(size), b"x" * size, b"y" * 10, **options
+        )
         widened = [
             p
             for p, _r, f in walk(FS, str(crashed), skip_bodies=False)
@@ -381,14 +403,8 @@ def test_a_burst_that_zeroes_a_widened_pads_sector_is_damage_not_a_tear(
     crossed = pad.offset + 8  # the sector the header crosses into: all zero now
     assert data[crossed : crossed + fmt.SECTOR] == bytes(fmt.SECTOR)
     path.write_bytes(bytes(data))
-    assert not check_spool(str(crashed)).clean
-    with pytest.raises(CorruptSpool):
-        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
-    report = repair_spool(str(crashed))
-    assert report.fates == (), f"the repair named {report.fates}"
-    assert report.after.clean, report.after.problems
-    with Spool.open(crashed, **options) as sp:  # type: ignore[arg-type]
-        assert sorted(e.msg_id for e in sp.list()) == sorted([m, n])
+    refused_until_repaired(crashed, **options)
+    repaired_keeping(crashed, msgs, **options)
 
 
 def test_a_burst_over_padding_before_a_torn_batch_is_padding_and_a_tear(tmp_path: Path) -> None:
@@ -435,28 +451,20 @@ def test_one_flipped_bit_in_a_body_holding_a_sector_of_zeros_is_damage_not_a_tea
     # the check called the spool clean. One bit explains the failed check with the zeros
     # as they are: they were written.
     options = {"inline_body_max": 4000, "checkpoint_interval": 10**6}
-    live, crashed = tmp_path / "live", tmp_path / "crashed"
-    sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
     data = b"GIF89a" + bytes(1500) + b"end"
-    m = sp.accept("a@example.org", ["r1@example.net"], data)
-    n = sp.accept("a@example.org", ["r2@example.net"], b"later message")
-    shutil.copytree(live, crashed)  # the power fails: positions name neither batch
-    sp.close()
+    crashed, msgs = power_cut_after_two_accepts(tmp_path, data, b"later message", **options)
     body = next(
         p
         for p, _r, f in walk(FS, str(crashed), skip_bodies=False)
         if f is not None and f.type == fmt.T_BODY
     )
     flip(segment(crashed, body.segment), body.offset + 9 + 16 + 2)
-    assert not check_spool(str(crashed)).clean
-    with pytest.raises(CorruptSpool):
-        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
-    report = repair_spool(str(crashed))
-    assert report.fates == () and report.after.clean, (report.fates, report.after.problems)
+    refused_until_repaired(crashed, **options)
+    repaired_keeping(crashed, msgs, **options)
     with Spool.open(crashed, clock=FakeClock(), **options) as sp:  # type: ignore[arg-type]
-        assert sorted(e.msg_id for e in sp.list()) == sorted([m, n])
         attempt = sp.claim()
-        assert attempt is not None and attempt.msg_id == m and attempt.read_data() == data
+        assert attempt is not None and attempt.msg_id == msgs[0]
+        assert attempt.read_data() == data
         attempt.close()
 
 
@@ -509,8 +517,7 @@ def test_one_bit_of_a_stored_crc_is_set_right_by_the_repair(tmp_path: Path, kind
         p for p, _r, f in walk(FS, str(root), skip_bodies=False) if f is not None and f.type == kind
     )
     flip(segment(root, frame.segment), frame.offset + 2)
-    report = repair_spool(str(root))
-    assert report.fates == () and report.after.clean, (report.fates, report.after.problems)
+    repaired_keeping(root, [m], **options)
     with Spool.open(root, clock=FakeClock(), **options) as sp:  # type: ignore[arg-type]
         attempt = sp.claim()
         assert attempt is not None and attempt.msg_id == m
@@ -523,21 +530,15 @@ def test_one_bit_of_a_length_that_shortens_a_body_of_nuls_is_damage(tmp_path: Pa
     # one-bit search of its wrong extent found nothing and its sector of NULs read as a
     # tear: both acknowledged batches cut, the check clean.
     options = {"inline_body_max": 4000, "checkpoint_interval": 10**6}
-    live, crashed = tmp_path / "live", tmp_path / "crashed"
-    sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
-    sp.accept("a@example.org", ["r1@example.net"], b"GIF89a" + bytes(1500) + b"end")
-    sp.accept("a@example.org", ["r2@example.net"], b"later message")
-    shutil.copytree(live, crashed)
-    sp.close()
+    data = b"GIF89a" + bytes(1500) + b"end"
+    crashed, _msgs = power_cut_after_two_accepts(tmp_path, data, b"later message", **options)
     body = next(
         p
         for p, _r, f in walk(FS, str(crashed), skip_bodies=False)
         if f is not None and f.type == fmt.T_BODY
     )
     flip(segment(crashed, body.segment), body.offset + 4)  # the length's lowest bit
-    assert not check_spool(str(crashed)).clean
-    with pytest.raises(CorruptSpool):
-        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
+    refused_until_repaired(crashed, **options)
 
 
 @pytest.mark.parametrize("bit", [10, 16])
@@ -554,12 +555,8 @@ def test_one_bit_that_lengthens_the_files_last_frame_is_damage(tmp_path: Path, b
         f for _p, _r, f in walk(FS, str(probe), skip_bodies=False) if f and f.type == fmt.T_ENVELOPE
     ][-1]
     size = -(envelope.size + fmt.FRAME_HEADER_SIZE + 16) % fmt.SECTOR + fmt.SECTOR
-    live, crashed = tmp_path / "live", tmp_path / "crashed"
-    sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
-    sp.accept("a@example.org", ["r1@example.net"], b"first message")
-    sp.accept("a@example.org", ["r2@example.net"], (b"hello world " * 200)[:size])
-    shutil.copytree(live, crashed)  # the power fails: positions name neither batch
-    sp.close()
+    second = (b"hello world " * 200)[:size]
+    crashed, _msgs = power_cut_after_two_accepts(tmp_path, b"first message", second, **options)
     body, frame = [
         (p, f) for p, _r, f in walk(FS, str(crashed), skip_bodies=False) if f is not None
     ][-1]
@@ -568,9 +565,7 @@ def test_one_bit_that_lengthens_the_files_last_frame_is_damage(tmp_path: Path, b
     data = bytearray(path.read_bytes())
     data[body.offset + 4 + bit // 8] ^= 1 << bit % 8
     path.write_bytes(bytes(data))
-    assert not check_spool(str(crashed)).clean
-    with pytest.raises(CorruptSpool):
-        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
+    refused_until_repaired(crashed, **options)
 
 
 @pytest.mark.parametrize("one_byte", [0x01, 0x80])
@@ -581,12 +576,8 @@ def test_clearing_a_sectors_one_set_bit_before_a_later_batch_is_damage(
     # reads as a torn sector; but a later batch follows, and a tear never is followed by
     # one (the next batch is written once this one is synced): damage, not a tear.
     options = {"checkpoint_interval": 10**6, "inline_body_max": 60000}
-    live, crashed = tmp_path / "live", tmp_path / "crashed"
-    sp = Spool.open(live, clock=FakeClock(), **options)  # type: ignore[arg-type]
-    m = sp.accept("a@example.org", ["r1@example.net"], b"x" * 700 + bytes(1536) + b"y" * 700)
-    n = sp.accept("a@example.org", ["r2@example.net"], b"later")
-    shutil.copytree(live, crashed)  # the power fails: positions name neither batch
-    sp.close()
+    first = b"x" * 700 + bytes(1536) + b"y" * 700
+    crashed, msgs = power_cut_after_two_accepts(tmp_path, first, b"later", **options)
     at, frame = next(
         (p, f)
         for p, _r, f in walk(FS, str(crashed), skip_bodies=False)
@@ -607,10 +598,5 @@ def test_clearing_a_sectors_one_set_bit_before_a_later_batch_is_damage(
     assert isinstance(parse_frame(bytes(data), at.offset, salt), Frame)
     data[sector + 100] = 0  # ...and the damage: that bit cleared
     path.write_bytes(bytes(data))
-    assert not check_spool(str(crashed)).clean
-    with pytest.raises(CorruptSpool):
-        Spool.open(crashed, **options).close()  # type: ignore[arg-type]
-    report = repair_spool(str(crashed))
-    assert report.fates == () and report.after.clean, (report.fates, report.after.problems)
-    with Spool.open(crashed, clock=FakeClock(), **options) as sp:  # type: ignore[arg-type]
-        assert sorted(e.msg_id for e in sp.list()) == sorted([m, n])
+    refused_until_repaired(crashed, **options)
+    repaired_keeping(crashed, msgs, **options)
