@@ -28,7 +28,7 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -209,12 +209,17 @@ class Explorer:
         """Flip one byte of the durable log (media damage, not a crash): recovery and the
         tools must report it (CorruptSpool, or a problem from the check), never cut it as
         a torn tail or lose what is behind it."""
-        durable = dict(sim.build(prefix, ()).files)
-        synced = {
-            path: len(data)
-            for path, data in state.files
-            if path in durable and data.startswith(durable[path])
-        }
+
+        def synced() -> dict[str, int]:
+            # Built only for the one layer that needs it (the PAD headers): a second
+            # state per damaged copy otherwise. It consumes no random numbers.
+            durable = dict(sim.build(prefix, ()).files)
+            return {
+                path: len(data)
+                for path, data in state.files
+                if path in durable and data.startswith(durable[path])
+            }
+
         damaged = flip_durable_byte(state, rng, self._aim, synced)
         if damaged is None:
             return
@@ -354,7 +359,7 @@ def flip_durable_byte(
     state: TreeState,
     rng: random.Random,
     aim: random.Random | None = None,
-    synced: dict[str, int] | None = None,
+    synced: Callable[[], dict[str, int]] | None = None,
 ) -> tuple[TreeState, str, tuple[int, ...]] | None:
     """A copy of ``state`` with one bit of a segment flipped inside the durable log (before
     the restart positions' ``consistent`` end), and half the time a second one a few bytes
@@ -369,7 +374,7 @@ def flip_durable_byte(
     where a repair must note that a lost start used its envelope up, whatever the damage
     after it (a tiny body, padding, another record); and one in sixteen a burst over a
     PAD frame's header (``_pad_header_burst``), the one layer that also damages bytes
-    synced after the positions (``synced``: each segment's synced length)."""
+    synced after the positions (``synced`` gives each segment's synced length)."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -434,7 +439,7 @@ def flip_durable_byte(
         if found is not None:
             offsets, bits = found
     elif aim is not None and aimed < 0.5625:
-        found = _pad_header_burst(files, end, synced or {}, aim)
+        found = _pad_header_burst(files, end, synced() if synced else {}, aim)
         if found is not None:
             path, offsets, zeroed = found
             data = bytearray(files[path])
