@@ -116,10 +116,24 @@ def per_server(events: DataFrame, recipients: DataFrame) -> DataFrame:
 
 def traffic_per_hour(events: DataFrame, recipients: DataFrame) -> DataFrame:
     """Per hour: messages received; recipients delivered, deferred, bounced, expired."""
-    hour = F.date_trunc("hour", "time").alias("hour")
+    return _traffic(events, "hour", F.date_trunc("hour", "time"))
+
+
+def traffic_per_day(events: DataFrame, recipients: DataFrame) -> DataFrame:
+    """pflogsumm's per-day traffic summary: per UTC day, messages received and bytes
+    received; recipients delivered, deferred, bounced, expired."""
+    day = F.to_date("time")
+    received = events.where(F.col("kind") == "accepted").dropDuplicates(["server", "msg_id"])
+    bytes_ = received.groupBy(day.alias("day")).agg(F.sum("body_size").alias("bytes_received"))
+    return _traffic(events, "day", day).join(bytes_, "day", "left").orderBy("day")
+
+
+def _traffic(events: DataFrame, name: str, unit: Column) -> DataFrame:
+    """Per ``unit`` of time (named ``name``): messages received; recipients delivered,
+    deferred, bounced, expired."""
     kind = F.col("kind")
     return (
-        events.groupBy(hour)
+        events.groupBy(unit.alias(name))
         .agg(
             F.countDistinct(F.when(kind == "accepted", F.concat_ws("|", "server", "msg_id"))).alias(
                 "received"
@@ -129,7 +143,7 @@ def traffic_per_hour(events: DataFrame, recipients: DataFrame) -> DataFrame:
             _count(kind == "failed").alias("bounced"),
             _count(kind == "expired").alias("expired"),
         )
-        .orderBy("hour")
+        .orderBy(name)
     )
 
 
@@ -297,6 +311,25 @@ def top_sender_domains(events: DataFrame, recipients: DataFrame) -> DataFrame:
     return _senders(recipients, "sender_domain")
 
 
+def top_recipients(events: DataFrame, recipients: DataFrame) -> DataFrame:
+    """pflogsumm's recipients by message count: the addresses sent the most messages, with
+    their bytes, how many were delivered, bounced and are still queued, and the deferrals
+    they met."""
+    return (
+        recipients.groupBy("recipient")
+        .agg(
+            F.count("*").alias("messages"),
+            F.sum("body_size").alias("bytes"),
+            _count(_status("delivered")).alias("delivered"),
+            _count(_status("failed") | _status("expired")).alias("bounced"),
+            _count(_status("queued")).alias("queued"),
+            F.sum("deferrals").alias("deferrals"),
+        )
+        .orderBy(F.desc("messages"), F.desc("bytes"), "recipient")
+        .limit(TOP)
+    )
+
+
 def _senders(recipients: DataFrame, by: str) -> DataFrame:
     messages = (
         _bytes(recipients, by, "server", "msg_id")
@@ -324,6 +357,7 @@ REPORTS: dict[str, Report] = {
     "totals": totals,
     "per_server": per_server,
     "traffic_per_hour": traffic_per_hour,
+    "traffic_per_day": traffic_per_day,
     "per_domain": per_domain,
     "reasons": reasons,
     "bounce_classes": bounce_classes,
@@ -333,5 +367,6 @@ REPORTS: dict[str, Report] = {
     "queue_depth": queue_depth,
     "top_senders": top_senders,
     "top_sender_domains": top_sender_domains,
+    "top_recipients": top_recipients,
     "accountability": accountability,
 }

@@ -14,7 +14,7 @@ import pytest
 
 from spool.analytics.bounces import classify
 from spool.analytics.pipeline import run_report
-from spool.analytics.reports import accountability
+from spool.analytics.reports import accountability, traffic_per_day
 from spool.analytics.tables import recipients_table
 
 Fleet = tuple[Path, list[dict[str, Any]]]
@@ -90,6 +90,93 @@ def test_attempts_and_queue_depth_are_the_truth(report: Path, fleet: Fleet) -> N
         last = [r for r in depth if r["server"] == server][-1]
         queued = sum(1 for t in truth if t["server"] == server and t["status"] == "queued")
         assert last["queued"] == queued
+
+
+def _day(epoch: float) -> dt.date:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).date()
+
+
+def test_traffic_per_day_is_the_truth(report: Path, fleet: Fleet) -> None:
+    # pflogsumm's per-day summary: what came in on each UTC day, and what ended on it.
+    _, truth = fleet
+    rows = {r["day"]: r for r in _table(report, "traffic_per_day")}
+    messages = {(t["server"], t["msg_id"]): t for t in truth}
+    received = collections.Counter(_day(t["accepted_at"]) for t in messages.values())
+    assert {d: r["received"] for d, r in rows.items()} == dict(received)
+    sizes: collections.Counter[dt.date] = collections.Counter()
+    for t in messages.values():
+        sizes[_day(t["accepted_at"])] += t["size"]
+    assert {d: r["bytes_received"] for d, r in rows.items()} == dict(sizes)
+    for status, column in [("delivered", "delivered"), ("failed", "bounced")]:
+        ended = collections.Counter(_day(t["final_at"]) for t in truth if t["status"] == status)
+        assert {d: r[column] for d, r in rows.items() if r[column]} == dict(ended), column
+    expired = sum(1 for t in truth if t["status"] == "expired")
+    assert sum(r["expired"] for r in rows.values()) == expired
+    [totals] = _table(report, "totals")
+    assert sum(r["deferred"] for r in rows.values()) == totals["deferrals"]
+
+
+def test_traffic_per_day_splits_at_utc_midnight(spark: Any) -> None:
+    # A message accepted before midnight and delivered after it: received on the first
+    # day, delivered on the second; a retry the day after counts there.
+    columns = "server string, msg_id string, kind string, recipient string, time timestamp, "
+    columns += "body_size long"
+    late = dt.datetime(2026, 11, 1, 23, 59, 30, tzinfo=dt.UTC)
+    early = dt.datetime(2026, 11, 2, 0, 0, 30, tzinfo=dt.UTC)
+    rows = [
+        ("mx", "M1", "accepted", "b@x", late, 100),
+        ("mx", "M1", "accepted", "c@x", late, 100),  # one message, two recipients
+        ("mx", "M1", "deferred", "c@x", late, 100),
+        ("mx", "M1", "delivered", "b@x", early, 100),
+        ("mx", "M1", "failed", "c@x", early, 100),
+        ("mx", "M2", "accepted", "b@x", early, 7),
+    ]
+    events = spark.createDataFrame(rows, columns)
+    found = [r.asDict() for r in traffic_per_day(events, events).collect()]
+    assert found == [
+        {
+            "day": dt.date(2026, 11, 1),
+            "received": 1,
+            "delivered": 0,
+            "deferred": 1,
+            "bounced": 0,
+            "expired": 0,
+            "bytes_received": 100,
+        },
+        {
+            "day": dt.date(2026, 11, 2),
+            "received": 1,
+            "delivered": 1,
+            "deferred": 0,
+            "bounced": 1,
+            "expired": 0,
+            "bytes_received": 7,
+        },
+    ]
+
+
+def test_top_recipients_are_the_truth(report: Path, fleet: Fleet) -> None:
+    _, truth = fleet
+    mine: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for t in truth:
+        mine[t["recipient"]].append(t)
+    expected = sorted(
+        (
+            {
+                "recipient": rcpt,
+                "messages": len(ts),
+                "bytes": sum(t["size"] for t in ts),
+                "delivered": sum(t["status"] == "delivered" for t in ts),
+                "bounced": sum(t["status"] in ("failed", "expired") for t in ts),
+                "queued": sum(t["status"] == "queued" for t in ts),
+            }
+            for rcpt, ts in mine.items()
+        ),
+        key=lambda r: (-r["messages"], -r["bytes"], r["recipient"]),
+    )[:20]
+    rows = _table(report, "top_recipients")
+    assert [{k: r[k] for k in expected[0]} for r in rows] == expected
+    assert expected[0]["messages"] > 1  # some addresses get more than one message
 
 
 def test_bounce_classes_follow_the_domains(report: Path, fleet: Fleet) -> None:
