@@ -89,6 +89,9 @@ REPAIRING_NAME: Final = "repairing"
 # The running owner's control socket (``spool serve``; docs/protocol.md). Present only while
 # an owner serves; a stale one (its owner killed) is replaced by the next owner's.
 SOCKET_NAME: Final = "control.sock"
+# The ids of the messages whose senders got a delay warning (``spool serve
+# --delay-warning``; docs/format.md): written by the owner only, never read by recovery.
+DELAY_WARNED_NAME: Final = "delay-warned"
 
 # --- body files (bodies too large to keep inline in the log) ---------------------------
 # Header: magic(8) version(u32) reserved(u32) length(u64) crc32c-of-data(u32) crc(u32)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from spool.bouncing import Bouncer
+from spool.delay_warnings import DelayWarner
 from spool.options import RECORDED
 from spool.owner import ControlServer
 from spool.spool import Spool
@@ -44,6 +45,7 @@ def serve(
     mynetworks: Sequence[str] | None = None,
     relay_domains: Sequence[str] = (),
     bounces: bool = False,
+    delay_warning: float | None = None,
     tls: tuple[str, str] | None = None,
     ready: Any = None,
 ) -> int:
@@ -51,7 +53,8 @@ def serve(
     130 after Ctrl-C, 0 after SIGTERM). ``ready`` is called with the ready line. ``smtp``
     listeners accept mail over SMTP in this process (``smtp_in.py``); ``bounces`` turns
     outcome tracking on (recorded), and a spool that tracks outcomes gets its bounces sent
-    (``bouncing.py``)."""
+    (``bouncing.py``); with ``delay_warning`` seconds, the senders of messages queued
+    longer get one warning each (``delay_warnings.py``)."""
     stop = threading.Event()
     stopped_by: list[int] = []
 
@@ -95,6 +98,7 @@ def serve(
     stop_metrics: Callable[[], None] | None = None
     front: Any = None
     bouncer: Bouncer | None = None
+    warner: DelayWarner | None = None
     try:
         if metrics is not None:
             from spool.metrics import serve_metrics
@@ -119,6 +123,9 @@ def serve(
         if sp.options.outcomes:
             bouncer = Bouncer(sp, smtp_hostname or socket.getfqdn())
             bouncer.start()
+        if delay_warning is not None:
+            warner = DelayWarner(sp, directory, smtp_hostname or socket.getfqdn(), delay_warning)
+            warner.start()
         listening = "".join(f", smtp {host}:{port}" for host, port in smtp)
         line = (
             f"spool serve: ready, pid {os.getpid()}, socket {server.path}, "
@@ -139,6 +146,8 @@ def serve(
             front.stop()  # first: no new mail while the rest stops
         if bouncer is not None:
             bouncer.stop()
+        if warner is not None:
+            warner.stop()
         if stop_metrics is not None:
             stop_metrics()
         server.stopping()  # before the workers go: their ends are not crashes

@@ -114,6 +114,13 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
     "bounce (recorded in the spool: later starts keep sending them).",
 )
 @click.option(
+    "--delay-warning",
+    type=AGE,
+    metavar="AGE",
+    help="Warn the sender once when a message is still queued after AGE (for example 4h; "
+    "Postfix's delay_warning_time) [default: no warnings].",
+)
+@click.option(
     "--log-format",
     type=click.Choice(LOG_FORMATS),
     default="text",
@@ -142,6 +149,7 @@ def serve(
     tls_cert: str | None,
     tls_key: str | None,
     bounces: bool,
+    delay_warning: float | None,
     log_format: str,
     log_file: str | None,
 ) -> None:
@@ -177,6 +185,8 @@ def serve(
             metrics = parse_listen(metrics_at)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
+    if delay_warning is not None and not delay_warning > 0:
+        raise click.UsageError("--delay-warning must be more than 0 seconds")
     smtp, networks = _smtp_options(smtp_at, mynetworks)
     _check_relay_domains(relay_domains)
     tls = _tls_options(smtp, tls_cert, tls_key)
@@ -200,6 +210,7 @@ def serve(
         mynetworks=networks,
         relay_domains=relay_domains,
         bounces=bounces,
+        delay_warning=delay_warning,
         tls=tls,
         ready=ready,
     )

@@ -67,6 +67,7 @@ LAYERS: list[set[str]] = [
         "async_spool",
         "smtp_in",
         "bouncing",
+        "delay_warnings",
     },
     {"__init__"},
     {"check", "cli", "__main__", "analytics"},
