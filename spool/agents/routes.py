@@ -5,13 +5,14 @@ The map is a text file in the shape of Postfix's transport(5), one route a line:
     # domain            next hop
     example.com         smtp:mx1.example.com:25
     .example.com        smtp:[10.0.0.5]:2525     # any subdomain of example.com
-    *                   smtp:smarthost.example:587
+    *                   smtp:smarthost.example:587,tls=verify
 
 A domain matches its own line first, then the lines of its parent domains written with a
 leading dot (nearest first), then ``*``. Domains are compared in A-labels, without regard
 to case. A message's recipients are grouped by next hop, and each group is one SMTP
 transaction through ``SmtpAgent`` (``smtp.py``), whose connection to that next hop is
-kept and reused for the worker's later messages. A recipient no line matches is deferred
+kept and reused for the worker's later messages. A next hop takes the ``smtp`` agent's
+TLS options (``,tls=LEVEL[,cafile=PEM]``). A recipient no line matches is deferred
 with ``451 4.3.5`` (the map needs fixing; the mail waits instead of bouncing). The map is
 read when the agent starts: each worker replaced (``--max-use``) reads it again.
 """
@@ -24,15 +25,15 @@ import attrs
 
 from spool.addresses import check_mailbox, domain_of
 from spool.agents import Replies
-from spool.agents.smtp import SmtpAgent
+from spool.agents.smtp import NextHop, SmtpAgent, parse_next_hop
 from spool.attempts import MessageEnvelope
 from spool.errors import InvalidAddress, SpoolMisuse
 
 
-def parse_transport_map(text: str, source: str = "transport map") -> dict[str, tuple[str, int]]:
-    """``{pattern: (host, port)}`` from the text of a map; ``SpoolMisuse`` naming the line
+def parse_transport_map(text: str, source: str = "transport map") -> dict[str, NextHop]:
+    """``{pattern: next hop}`` from the text of a map; ``SpoolMisuse`` naming the line
     for anything else (an unknown transport, a bad next hop, a domain given twice)."""
-    routes: dict[str, tuple[str, int]] = {}
+    routes: dict[str, NextHop] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -45,13 +46,16 @@ def parse_transport_map(text: str, source: str = "transport map") -> dict[str, t
             )
         pattern, hop = fields
         kind, _, target = hop.partition(":")
-        host, _, port = target.rpartition(":")
-        if kind != "smtp" or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if kind != "smtp":
             raise SpoolMisuse(f"{where}: the next hop must be smtp:HOST:PORT, not {hop!r}")
+        try:
+            next_hop = parse_next_hop(target)
+        except SpoolMisuse as e:
+            raise SpoolMisuse(f"{where}: {e}") from None
         key = pattern if pattern == "*" else _domain_key(pattern, where)
         if key in routes:
             raise SpoolMisuse(f"{where}: {pattern} is routed twice")
-        routes[key] = (host.strip("[]"), int(port))
+        routes[key] = next_hop
     return routes
 
 
@@ -64,7 +68,7 @@ def _domain_key(pattern: str, where: str) -> str:
         raise SpoolMisuse(f"{where}: {pattern!r} is not a domain ({e.reason})") from None
 
 
-def route_of(routes: Mapping[str, tuple[str, int]], domain: str) -> tuple[str, int] | None:
+def route_of(routes: Mapping[str, NextHop], domain: str) -> NextHop | None:
     """The next hop for ``domain`` (in A-labels, lower case): the domain's own line, its
     parents' dotted lines nearest first, then ``*``."""
     if domain in routes:
@@ -80,13 +84,13 @@ def route_of(routes: Mapping[str, tuple[str, int]], domain: str) -> tuple[str, i
 class RoutingAgent:
     """Recipients grouped by next hop; one cached ``SmtpAgent`` per next hop."""
 
-    def __init__(self, routes: Mapping[str, tuple[str, int]], source: str) -> None:
+    def __init__(self, routes: Mapping[str, NextHop], source: str) -> None:
         self.routes = dict(routes)
         self.source = source
-        self._hops: dict[tuple[str, int], SmtpAgent] = {}
+        self._hops: dict[NextHop, SmtpAgent] = {}
 
     def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
-        groups: dict[tuple[str, int], list[str]] = {}
+        groups: dict[NextHop, list[str]] = {}
         replies: dict[str, str] = {}
         for rcpt in envelope.recipients:
             domain = domain_of(rcpt)
@@ -98,7 +102,9 @@ class RoutingAgent:
         for hop, rcpts in groups.items():
             agent = self._hops.get(hop)
             if agent is None:
-                agent = self._hops[hop] = SmtpAgent(*hop)
+                agent = self._hops[hop] = SmtpAgent(
+                    hop.host, hop.port, tls=hop.tls, cafile=hop.cafile
+                )
             part = attrs.evolve(envelope, recipients=tuple(rcpts))
             replies.update(agent.deliver(part, data))
         return replies

@@ -6,20 +6,77 @@ deferred and 5xx failed with that reply. The reply to the data then settles ever
 recipient that was accepted: 2xx delivered, 4xx deferred, 5xx failed. A refused ``MAIL
 FROM`` settles them all with its reply; a broken connection, a timeout or a refused
 connection defers them all (451 4.4.1 / 4.4.2), as an MTA does.
+
+TLS, as Postfix's ``smtp_tls_security_level``, given after the port
+(``smtp:HOST:PORT,tls=LEVEL[,cafile=PEM]``):
+
+- ``may`` (the default): STARTTLS when the server offers it, its certificate not checked
+  (opportunistic: an encrypted session beats a plain one even unauthenticated); a
+  handshake that fails is logged and the next hop is used in plain text from then on.
+- ``encrypt``: STARTTLS required, the certificate not checked; not offered or failed:
+  every recipient deferred (``451 4.7.4`` / ``451 4.7.5``).
+- ``verify``: as ``encrypt``, and the certificate must chain to the system's trusted
+  authorities (or to ``cafile``) and name HOST.
+- ``none``: never STARTTLS.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import smtplib
 import socket
+import ssl
 from typing import Final
+
+import attrs
 
 from spool.agents import Replies
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
 
+log = logging.getLogger("spool.smtp")
 TIMEOUT: Final = 300.0  # seconds per command, as Postfix's smtp_data_done_timeout
+TLS_LEVELS: Final = ("none", "may", "encrypt", "verify")
+
+
+@attrs.frozen
+class NextHop:
+    """Where and how to relay: ``HOST:PORT[,tls=LEVEL][,cafile=PEM]``."""
+
+    host: str
+    port: int
+    tls: str = "may"
+    cafile: str | None = None
+
+
+def parse_next_hop(text: str, usage: str = "smtp:HOST:PORT[,tls=LEVEL][,cafile=PEM]") -> NextHop:
+    """The next hop ``text`` names (``HOST:PORT`` and its options), or ``SpoolMisuse``
+    saying the shape ``usage``."""
+    target, *options = text.split(",")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpoolMisuse(f"the next hop must be {usage}, not {text!r}")
+    fields: dict[str, str] = {}
+    for option in options:
+        name, eq, value = option.partition("=")
+        if not eq or name not in ("tls", "cafile") or name in fields or not value:
+            raise SpoolMisuse(f"{option!r} in {text!r}: the options are tls=LEVEL and cafile=PEM")
+        fields[name] = value
+    tls = fields.get("tls", "may")
+    if tls not in TLS_LEVELS:
+        raise SpoolMisuse(f"tls={tls} in {text!r}: use one of {', '.join(TLS_LEVELS)}")
+    if "cafile" in fields and tls != "verify":
+        raise SpoolMisuse(f"cafile in {text!r} is for tls=verify")
+    return NextHop(host.strip("[]"), int(port), tls, fields.get("cafile"))
+
+
+class TlsRefused(Exception):
+    """The next hop's TLS policy was not met: the reply every recipient is deferred with."""
+
+    def __init__(self, reply: str) -> None:
+        super().__init__(reply)
+        self.reply = reply
 
 
 def _reply(code: int, text: bytes | str) -> str:
@@ -28,14 +85,57 @@ def _reply(code: int, text: bytes | str) -> str:
 
 
 class SmtpAgent:
-    def __init__(self, host: str, port: int, timeout: float = TIMEOUT) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float = TIMEOUT,
+        *,
+        tls: str = "may",
+        cafile: str | None = None,
+    ) -> None:
+        if tls not in TLS_LEVELS:
+            raise SpoolMisuse(f"tls={tls}: use one of {', '.join(TLS_LEVELS)}")
         self.host, self.port, self.timeout = host, port, timeout
+        self.tls = tls
+        self._context = _tls_context(tls, cafile)
+        self._plain = tls == "none"  # "may" turns plain after a failed handshake
         self._smtp: smtplib.SMTP | None = None
 
     def _open(self) -> smtplib.SMTP:
         smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
-        smtp.ehlo_or_helo_if_needed()
+        try:
+            smtp.ehlo_or_helo_if_needed()
+            if not self._plain:
+                self._starttls(smtp)
+        except BaseException:
+            smtp.close()
+            raise
         return smtp
+
+    def _starttls(self, smtp: smtplib.SMTP) -> None:
+        """STARTTLS by this next hop's level, or ``TlsRefused``."""
+        where = f"{self.host}:{self.port}"
+        if not smtp.has_extn("starttls"):
+            if self.tls == "may":
+                return
+            raise TlsRefused(f"451 4.7.4 TLS is required, but was not offered by {where}")
+        try:
+            code, text = smtp.starttls(context=self._context)
+            if code == 220:
+                smtp.ehlo()  # under TLS 1.3 a refused handshake may show only here
+        except (OSError, smtplib.SMTPException) as e:  # ssl.SSLError, a dropped connection
+            if self.tls == "may":
+                # Opportunistic: a failed handshake is no reason to keep the mail; this
+                # next hop is used in plain text for the rest of the worker's life.
+                log.warning("%s: TLS handshake failed (%s): relaying in plain text", where, e)
+                self._plain = True
+                raise smtplib.SMTPServerDisconnected("TLS handshake failed") from e
+            raise TlsRefused(f"451 4.7.5 TLS with {where} failed: {e}"[:900]) from e
+        if code != 220:
+            if self.tls == "may":
+                return  # STARTTLS refused: the session goes on in plain text
+            raise TlsRefused(f"451 4.7.4 {where} refused STARTTLS: {_reply(code, text)}"[:900])
 
     def _connection(self) -> smtplib.SMTP:
         if self._smtp is None:
@@ -47,6 +147,9 @@ class SmtpAgent:
     def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
         try:
             return self._transaction(envelope, data)
+        except TlsRefused as e:
+            self._drop()
+            return dict.fromkeys(envelope.recipients, e.reply)
         except (smtplib.SMTPException, OSError) as e:
             self._drop()
             timed_out = isinstance(e, socket.timeout | TimeoutError)
@@ -102,8 +205,20 @@ class SmtpAgent:
             self._drop()
 
 
+def _tls_context(level: str, cafile: str | None) -> ssl.SSLContext | None:
+    if level == "none":
+        return None
+    if level == "verify":
+        try:
+            return ssl.create_default_context(cafile=cafile)
+        except (OSError, ssl.SSLError) as e:
+            raise SpoolMisuse(f"cannot read the certificates of cafile={cafile}: {e}") from None
+    context = ssl.create_default_context()
+    context.check_hostname = False  # "may" and "encrypt": encrypted, not authenticated
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 def make(argument: str) -> SmtpAgent:
-    host, _, port = argument.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SpoolMisuse("give the smarthost as smtp:HOST:PORT")
-    return SmtpAgent(host.strip("[]"), int(port))
+    hop = parse_next_hop(argument)
+    return SmtpAgent(hop.host, hop.port, tls=hop.tls, cafile=hop.cafile)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
+import pytest
 from aiosmtpd.controller import Controller, UnixSocketController
 from aiosmtpd.lmtp import LMTP
 from aiosmtpd.smtp import Envelope, Session
@@ -17,6 +22,7 @@ class Recorder:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.received: list[tuple[str, tuple[str, ...], bytes]] = []
+        self.encrypted: list[bool] = []  # per message: whether its session was under TLS
         self.connections = 0
 
     async def handle_EHLO(
@@ -42,6 +48,7 @@ class Recorder:
         content = envelope.original_content or b""
         with self.lock:
             self.received.append((envelope.mail_from, tuple(envelope.rcpt_tos), content))
+            self.encrypted.append(session.ssl is not None)
         return "250 2.0.0 queued"
 
 
@@ -52,13 +59,35 @@ def free_port() -> int:
         return port
 
 
-def start_sink() -> tuple[Controller, Recorder, int]:
-    """A running sink, its recorder and its port; ``controller.stop()`` when done."""
+def start_sink(tls: ssl.SSLContext | None = None) -> tuple[Controller, Recorder, int]:
+    """A running sink, its recorder and its port; ``controller.stop()`` when done. With
+    ``tls``, the sink offers STARTTLS with that context."""
     recorder = Recorder()
     port = free_port()
-    controller = Controller(recorder, hostname="127.0.0.1", port=port)
+    controller = Controller(recorder, hostname="127.0.0.1", port=port, tls_context=tls)
     controller.start()
     return controller, recorder, port
+
+
+def self_signed(directory: Path, name: str = "mx.test") -> tuple[str, str]:
+    """A self-signed certificate for ``name``, 127.0.0.1 and localhost, and its key (made
+    with the ``openssl`` command): the certificate's path, the key's."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = str(directory / f"{name}.cert.pem"), str(directory / f"{name}.key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", f"/CN={name}", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", key, "-out", cert],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def server_context(cert: str, key: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 class LmtpRecorder(Recorder):

@@ -9,6 +9,7 @@ import pytest
 
 from spool.agents import load_agent
 from spool.agents.routes import parse_transport_map, route_of
+from spool.agents.smtp import NextHop
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
 from tests.serve.sink import start_sink
@@ -26,10 +27,10 @@ def test_a_domain_takes_its_own_line_then_its_parents_then_the_default() -> None
         *               smtp:default:587
         """
     )
-    assert route_of(routes, "example.com") == ("one", 25)
-    assert route_of(routes, "mx.eu.example.com") == ("10.0.0.5", 2525)
-    assert route_of(routes, "xn--bcher-kva.example") == ("two", 25)
-    assert route_of(routes, "elsewhere.example") == ("default", 587)
+    assert route_of(routes, "example.com") == NextHop("one", 25)
+    assert route_of(routes, "mx.eu.example.com") == NextHop("10.0.0.5", 2525)
+    assert route_of(routes, "xn--bcher-kva.example") == NextHop("two", 25)
+    assert route_of(routes, "elsewhere.example") == NextHop("default", 587)
     assert route_of(parse_transport_map("a.example smtp:h:25"), "b.example") is None
 
 

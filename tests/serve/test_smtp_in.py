@@ -18,7 +18,7 @@ from spool.client import connect
 from spool.options import DEFAULT_MAX_MESSAGE_SIZE
 from spool.smtp_in import SmtpFrontEnd, received_room
 from tests.serve.running import owner, read
-from tests.serve.sink import free_port, start_sink
+from tests.serve.sink import free_port, self_signed, start_sink
 
 MESSAGE = b"Subject: hello\r\nFrom: a@example.org\r\n\r\nhello there\r\n"
 
@@ -298,25 +298,10 @@ def test_a_message_of_the_announced_size_fits_whatever_the_names(tmp_path: Path)
         sp.close()
 
 
-def _self_signed(tmp_path: Path) -> tuple[str, str]:
-    import shutil
-    import subprocess
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=mx.test", "-keyout", key, "-out", cert],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
 def test_starttls_is_offered_with_a_certificate_and_marked_in_received(tmp_path: Path) -> None:
     import ssl
 
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     d, port = str(tmp_path / "spool"), free_port()
     args = ["--smtp", f"127.0.0.1:{port}", "--tls-cert", cert, "--tls-key", key]
     with owner(d, *args, "--smtp-hostname", "mx.test"):
@@ -342,7 +327,7 @@ def test_starttls_is_offered_with_a_certificate_and_marked_in_received(tmp_path:
 def test_tls_options_are_checked_before_anything_starts(tmp_path: Path) -> None:
     from tests.serve.test_cli_with_owner import spool_cmd
 
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     d = str(tmp_path / "spool")
     smtp = ["--smtp", "127.0.0.1:2525"]
     done = spool_cmd("serve", d, *smtp, "--tls-cert", cert)
