@@ -7,8 +7,8 @@ delivered, 4 deferred, 5 failed (``status_of``). A recipient the agent leaves ou
 deferred. Each agent's module says how it maps what it sees to replies (docs/serve.md).
 
 Specs: ``demo``, ``maildir:PATH``, ``pipe:COMMAND``, ``smtp:HOST:PORT``, ``routes:PATH``
-(a transport map), ``lmtp:HOST:PORT`` or ``lmtp:/path/to/socket``,
-``python:MODULE:CALLABLE``.
+(a transport map), ``mx`` (each domain's exchangers, from DNS), ``lmtp:HOST:PORT`` or
+``lmtp:/path/to/socket``, ``python:MODULE:CALLABLE``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ AGENTS = {
     "routes": "spool.agents.routes",
     "lmtp": "spool.agents.lmtp",
     "python": "spool.agents.python",
+    "mx": "spool.agents.mx",
 }
 
 

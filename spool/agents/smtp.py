@@ -93,17 +93,31 @@ class SmtpAgent:
         *,
         tls: str = "may",
         cafile: str | None = None,
+        address: str | None = None,
     ) -> None:
+        """A next hop ``host``:``port``, connected to at ``address`` when given (an IP
+        address found for ``host``: the name stays the one TLS verifies)."""
         if tls not in TLS_LEVELS:
             raise SpoolMisuse(f"tls={tls}: use one of {', '.join(TLS_LEVELS)}")
         self.host, self.port, self.timeout = host, port, timeout
+        self.address = address
         self.tls = tls
-        self._context = _tls_context(tls, cafile)
+        self._context = tls_context(tls, cafile)
         self._plain = tls == "none"  # "may" turns plain after a failed handshake
         self._smtp: smtplib.SMTP | None = None
 
     def _open(self) -> smtplib.SMTP:
-        smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
+        if self.address is None:
+            smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
+        else:
+            smtp = smtplib.SMTP(timeout=self.timeout)
+            code, text = smtp.connect(self.address, self.port)
+            # The name STARTTLS sends (SNI) and checks the certificate against: smtplib
+            # takes it from connect()'s host, here an address.
+            smtp._host = self.host  # type: ignore[attr-defined]
+            if code != 220:
+                smtp.close()
+                raise smtplib.SMTPConnectError(code, text)
         try:
             smtp.ehlo_or_helo_if_needed()
             if not self._plain:
@@ -146,17 +160,25 @@ class SmtpAgent:
 
     def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
         try:
-            return self._transaction(envelope, data)
-        except TlsRefused as e:
-            self._drop()
-            return dict.fromkeys(envelope.recipients, e.reply)
-        except (smtplib.SMTPException, OSError) as e:
-            self._drop()
-            timed_out = isinstance(e, socket.timeout | TimeoutError)
-            code = "451 4.4.2 timed out talking to" if timed_out else "451 4.4.1 cannot reach"
-            return {r: f"{code} {self.host}:{self.port}: {e}"[:900] for r in envelope.recipients}
+            return self.transaction(envelope, data)
+        except (TlsRefused, smtplib.SMTPException, OSError) as e:
+            return dict.fromkeys(envelope.recipients, self.failure_reply(e))
 
-    def _transaction(self, envelope: MessageEnvelope, data: bytes) -> Replies:
+    def failure_reply(self, e: Exception) -> str:
+        """The reply that defers the recipients of a transaction ``e`` ended (the
+        connection dropped, so that the next transaction opens a new one)."""
+        self._drop()
+        if isinstance(e, TlsRefused):
+            return e.reply
+        timed_out = isinstance(e, socket.timeout | TimeoutError)
+        code = "451 4.4.2 timed out talking to" if timed_out else "451 4.4.1 cannot reach"
+        where = self.host if self.address is None else f"{self.host}[{self.address}]"
+        return f"{code} {where}:{self.port}: {e}"[:900]
+
+    def transaction(self, envelope: MessageEnvelope, data: bytes) -> Replies:
+        """One SMTP transaction: each recipient's reply. Raises what ended the session
+        (``TlsRefused``, ``smtplib.SMTPException``, ``OSError``) instead of replying for it:
+        a caller with other next hops tries the next (``failure_reply`` otherwise)."""
         try:
             smtp = self._connection()
         except smtplib.SMTPServerDisconnected:
@@ -205,7 +227,9 @@ class SmtpAgent:
             self._drop()
 
 
-def _tls_context(level: str, cafile: str | None) -> ssl.SSLContext | None:
+def tls_context(level: str, cafile: str | None) -> ssl.SSLContext | None:
+    """The client context of a TLS level (None for ``none``); ``SpoolMisuse`` for a
+    ``cafile`` that cannot be read."""
     if level == "none":
         return None
     if level == "verify":

@@ -30,7 +30,7 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
 @DIR
 @click.option(
     "--agent",
-    help="Delivery agent of the workers: demo, maildir:PATH, pipe:COMMAND, smtp:HOST:PORT, "
+    help="Delivery agent of the workers: demo, maildir:PATH, pipe:COMMAND, smtp:HOST:PORT, mx, "
     "routes:PATH (a transport map), lmtp:HOST:PORT, python:MODULE:CALLABLE.",
 )
 @click.option(

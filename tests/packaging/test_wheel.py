@@ -69,7 +69,7 @@ def test_the_wheel_installs_alone_and_works(tmp_path: Path) -> None:
     for data in ("spool/py.typed", "spool/analytics/bounce_rules.json"):
         assert data in names, data
     metadata = zipfile.ZipFile(wheel).read(f"mailspool-{__version__}.dist-info/METADATA")
-    for extra in (b"serve", b"analytics"):
+    for extra in (b"serve", b"analytics", b"mx"):
         assert b"Provides-Extra: " + extra in metadata
 
     venv = tmp_path / "venv"
@@ -96,4 +96,12 @@ def test_the_wheel_installs_alone_and_works(tmp_path: Path) -> None:
     )
     assert done.returncode == 1 and "pip install 'mailspool[serve]'" in done.stderr
     assert not any(p.name == "prometheus_client" for p in venv.glob("lib/*/site-packages/*"))
+    done = subprocess.run(  # and the mx extra's
+        [spool, "serve", directory, "--agent", "mx"],
+        capture_output=True,
+        text=True,
+        env=CLEAN_ENV,
+        cwd=tmp_path,
+    )
+    assert done.returncode != 0 and "pip install 'mailspool[mx]'" in done.stderr, done.stderr
     assert os.path.exists(venv / "bin" / "spool")

@@ -1,0 +1,193 @@
+"""``mx[:OPTIONS]``: relay each recipient to its own domain's mail exchangers, found in DNS.
+
+What an MTA on the internet does (RFC 5321 section 5.1), with ``dnspython`` for the
+lookups (never a hand-written resolver; ``pip install 'mailspool[mx]'``). Off unless this
+agent is chosen: a smarthost (``smtp:``) or a transport map (``routes:``) needs no DNS.
+
+- A message's recipients are grouped by domain (in A-labels); each group is one SMTP
+  transaction through ``SmtpAgent`` (``smtp.py``: per-recipient replies, STARTTLS by the
+  ``tls`` level), over a connection per mail exchanger address that the worker keeps.
+- The domain's MX records, lowest preference first (records of equal preference in
+  random order, to spread the load); no MX record: the domain itself (the implicit MX).
+  Each exchanger's addresses (A, then AAAA), at most ``ADDRESS_LIMIT`` in all (Postfix's
+  ``smtp_mx_address_limit``). An address that cannot be reached, times out, drops the
+  session or fails the TLS level is left for the next; the last one's reason defers the
+  group when none is left.
+- Replies of the domain's own making: a domain that does not exist (NXDOMAIN) fails
+  ``550 5.1.2``; a null MX (RFC 7505) fails ``556 5.1.10``; exchangers without an
+  address fail ``550 5.4.4``; a lookup that fails for now (SERVFAIL, a timeout) defers
+  ``451 4.4.3``.
+
+Options, comma-separated after ``mx:``: ``port=N`` (25), ``tls=LEVEL`` and
+``cafile=PEM`` (as the ``smtp`` agent), ``nameserver=IP[:PORT]`` (the system's resolvers
+by default).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+import smtplib
+from typing import Final
+
+import attrs
+
+from spool.addresses import domain_of
+from spool.agents import Replies
+from spool.agents.smtp import TLS_LEVELS, SmtpAgent, TlsRefused, tls_context
+from spool.attempts import MessageEnvelope
+from spool.errors import SpoolMisuse
+
+try:
+    import dns.exception
+    import dns.resolver
+except ImportError:  # the [mx] extra is not installed: ``make`` says so
+    dns = None  # type: ignore[assignment]
+
+ADDRESS_LIMIT: Final = 5  # exchanger addresses tried per delivery, as Postfix
+LIFETIME: Final = 30.0  # seconds a lookup may take, all its nameservers and retries
+USAGE: Final = "mx[:port=N][,tls=LEVEL][,cafile=PEM][,nameserver=IP[:PORT]]"
+
+
+@attrs.frozen
+class Exchanger:
+    """One address to try: the exchanger's name (for TLS) and an address of it."""
+
+    name: str
+    address: str
+
+
+class MxAgent:
+    """Recipients grouped by domain; each group to its domain's exchangers in order."""
+
+    def __init__(
+        self,
+        port: int = 25,
+        *,
+        tls: str = "may",
+        cafile: str | None = None,
+        nameserver: tuple[str, int] | None = None,
+    ) -> None:
+        self.port, self.tls, self.cafile = port, tls, cafile
+        resolver = dns.resolver.Resolver(configure=nameserver is None)
+        if nameserver is not None:
+            resolver.nameservers = [nameserver[0]]
+            resolver.port = nameserver[1]
+        resolver.lifetime = LIFETIME
+        resolver.cache = dns.resolver.Cache()  # the records' own TTLs, per worker
+        self.resolver = resolver
+        self._agents: dict[Exchanger, SmtpAgent] = {}
+
+    def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
+        groups: dict[str, list[str]] = {}
+        for rcpt in envelope.recipients:
+            groups.setdefault(domain_of(rcpt), []).append(rcpt)
+        replies: dict[str, str] = {}
+        for domain, rcpts in groups.items():
+            part = attrs.evolve(envelope, recipients=tuple(rcpts))
+            replies.update(self._to_domain(domain, part, data))
+        return replies
+
+    def _to_domain(self, domain: str, part: MessageEnvelope, data: bytes) -> Replies:
+        found = self.exchangers(domain)
+        if isinstance(found, str):
+            return dict.fromkeys(part.recipients, found)
+        reply = ""
+        for exchanger in found:
+            agent = self._agents.get(exchanger)
+            if agent is None:
+                agent = self._agents[exchanger] = SmtpAgent(
+                    exchanger.name,
+                    self.port,
+                    tls=self.tls,
+                    cafile=self.cafile,
+                    address=exchanger.address,
+                )
+            try:
+                return agent.transaction(part, data)
+            except (TlsRefused, smtplib.SMTPException, OSError) as e:
+                reply = agent.failure_reply(e)  # and on to the next exchanger
+        return dict.fromkeys(part.recipients, reply)
+
+    def exchangers(self, domain: str) -> list[Exchanger] | str:
+        """The addresses to try for ``domain``, in order, or the reply that settles its
+        recipients without a connection."""
+        try:
+            answer = self.resolver.resolve(domain, "MX")
+            records = [(r.preference, r.exchange.to_text(omit_final_dot=True)) for r in answer]
+        except dns.resolver.NXDOMAIN:
+            return f"550 5.1.2 {domain}: no such domain (DNS says NXDOMAIN)"
+        except dns.resolver.NoAnswer:
+            records = [(0, domain)]  # no MX: the domain is its own exchanger
+        except dns.exception.DNSException as e:
+            return f"451 4.4.3 DNS lookup of {domain} MX failed: {e}"[:900]
+        if any(name in ("", ".") for _, name in records):
+            return f"556 5.1.10 {domain} accepts no mail (null MX, RFC 7505)"
+        random.shuffle(records)  # then sorted by preference: ties in random order
+        records.sort(key=lambda r: r[0])
+        found: list[Exchanger] = []
+        failed = None
+        for _preference, name in records:
+            for rdtype in ("A", "AAAA"):
+                try:
+                    addresses = self.resolver.resolve(name, rdtype)
+                except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+                    continue
+                except dns.exception.DNSException as e:
+                    failed = e
+                    continue
+                found += [Exchanger(name, r.address) for r in addresses]
+            if len(found) >= ADDRESS_LIMIT:
+                break
+        if found:
+            return found[:ADDRESS_LIMIT]
+        if failed is not None:
+            return f"451 4.4.3 DNS lookup of the exchangers of {domain} failed: {failed}"[:900]
+        return f"550 5.4.4 {domain}: no address for its mail exchangers"
+
+    def close(self) -> None:
+        for agent in self._agents.values():
+            agent.close()
+        self._agents.clear()
+
+
+def make(argument: str) -> MxAgent:
+    if dns is None:
+        raise SpoolMisuse("the mx agent needs dnspython: pip install 'mailspool[mx]'")
+    fields: dict[str, str] = {}
+    for option in argument.split(",") if argument else []:
+        name, eq, value = option.partition("=")
+        if not eq or name not in ("port", "tls", "cafile", "nameserver") or name in fields:
+            raise SpoolMisuse(f"{option!r}: give the agent as {USAGE}")
+        fields[name] = value
+    port = _port(fields.get("port", "25"), "port")
+    tls = fields.get("tls", "may")
+    if tls not in TLS_LEVELS:
+        raise SpoolMisuse(f"tls={tls}: use one of {', '.join(TLS_LEVELS)}")
+    if "cafile" in fields and tls != "verify":
+        raise SpoolMisuse("cafile is for tls=verify")
+    nameserver = _nameserver(fields["nameserver"]) if "nameserver" in fields else None
+    tls_context(tls, fields.get("cafile"))  # a cafile that cannot be read: refused now
+    return MxAgent(port, tls=tls, cafile=fields.get("cafile"), nameserver=nameserver)
+
+
+def _nameserver(text: str) -> tuple[str, int]:
+    """``IP``, ``IP:PORT``, ``[IPv6]`` or ``[IPv6]:PORT``; port 53 when none is given."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.removeprefix(":") if rest.startswith(":") else "53" if not rest else "x"
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host, port = text, "53"  # an IPv4 address, or an IPv6 one without brackets
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise SpoolMisuse(f"nameserver={text}: give an IP address[:PORT]") from None
+    return host, _port(port, "the nameserver's port")
+
+
+def _port(text: str, what: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise SpoolMisuse(f"{what} must be 1 to 65535, not {text!r}")
+    return int(text)

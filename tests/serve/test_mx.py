@@ -1,0 +1,188 @@
+"""The ``mx`` agent: each recipient domain's mail exchangers from DNS (RFC 5321 5.1),
+against a real DNS server and real SMTP next hops on loopback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiosmtpd.controller import Controller
+
+import spool
+from spool.agents import load_agent
+from spool.agents.mx import MxAgent
+from spool.attempts import MessageEnvelope
+from spool.errors import SpoolMisuse
+from tests.serve.dns_server import DnsServer, Zone
+from tests.serve.running import owner
+from tests.serve.sink import Recorder, start_sink
+
+DATA = b"Subject: mx\r\n\r\nhello\r\n"
+OK = "250 2.0.0 queued"
+
+
+def zone() -> Zone:
+    """Every case of a destination. Nothing listens on 127.0.0.2: a dead exchanger."""
+    return {
+        "backup.test.": {"MX": ["10 dead.backup.test.", "20 live.backup.test."]},
+        "dead.backup.test.": {"A": ["127.0.0.2"]},
+        "live.backup.test.": {"A": ["127.0.0.1"]},
+        "implicit.test.": {"A": ["127.0.0.1"]},  # no MX: the domain is its exchanger
+        "nullmx.test.": {"MX": ["0 ."]},
+        "down.test.": {"MX": ["10 dead.backup.test."]},
+        "noaddress.test.": {"MX": ["10 nowhere.noaddress.test."]},
+        "nowhere.noaddress.test.": {"TXT": ['"no address"']},
+        "broken.test.": {"MX": ["10 ns-broken.test."]},
+        "pref.test.": {"MX": ["20 second.pref.test.", "10 first.pref.test."]},
+        "first.pref.test.": {"A": ["127.0.0.1"]},
+        "second.pref.test.": {"A": ["127.0.0.3"]},
+    }
+
+
+@pytest.fixture
+def dns_server() -> Iterator[DnsServer]:
+    with DnsServer(zone(), servfail=frozenset({"servfail.test.", "ns-broken.test."})) as server:
+        yield server
+
+
+@pytest.fixture
+def sink() -> Iterator[tuple[Recorder, int]]:
+    controller, recorder, port = start_sink()
+    try:
+        yield recorder, port
+    finally:
+        controller.stop()
+
+
+def envelope(*recipients: str) -> MessageEnvelope:
+    return MessageEnvelope("6B49D20000000001", "a@example.org", recipients, 0, 0.0, len(DATA))
+
+
+def agent_for(dns_server: DnsServer, port: int) -> MxAgent:
+    agent = load_agent(f"mx:port={port},nameserver=127.0.0.1:{dns_server.port}")
+    assert isinstance(agent, MxAgent)
+    return agent
+
+
+def test_each_domain_goes_to_its_first_exchanger_that_answers(
+    dns_server: DnsServer, sink: tuple[Recorder, int]
+) -> None:
+    recorder, port = sink
+    agent = agent_for(dns_server, port)
+    try:
+        replies = agent.deliver(
+            envelope("b@backup.test", "c@implicit.test", "d@Implicit.TEST"), DATA
+        )
+        assert replies == {"b@backup.test": OK, "c@implicit.test": OK, "d@Implicit.TEST": OK}
+        # One transaction per domain; the dead primary was tried first, then the backup.
+        assert sorted(r for _f, rcpts, _d in recorder.received for r in rcpts) == [
+            "b@backup.test", "c@implicit.test", "d@Implicit.TEST",
+        ]  # fmt: skip
+        assert len(recorder.received) == 2
+        replies = agent.deliver(envelope("e@backup.test"), DATA)  # the connection is kept
+        assert replies == {"e@backup.test": OK}
+        assert recorder.connections == 2
+    finally:
+        agent.close()
+    assert ("backup.test.", "MX") in dns_server.queries
+    assert ("dead.backup.test.", "A") in dns_server.queries  # the primary, tried first
+    assert ("implicit.test.", "MX") in dns_server.queries  # asked, found none, used A
+
+
+def test_the_lowest_preference_is_tried_first(
+    dns_server: DnsServer, sink: tuple[Recorder, int]
+) -> None:
+    first, port = sink
+    second = Recorder()
+    other = Controller(second, hostname="127.0.0.3", port=port)  # both answer
+    other.start()
+    try:
+        agent = agent_for(dns_server, port)
+        try:
+            for i in range(5):  # never by chance
+                assert agent.deliver(envelope(f"b{i}@pref.test"), DATA) == {f"b{i}@pref.test": OK}
+        finally:
+            agent.close()
+    finally:
+        other.stop()
+    assert len(first.received) == 5 and second.received == []
+
+
+@pytest.mark.parametrize(
+    ("recipient", "reply"),
+    [
+        ("b@nosuch.test", "550 5.1.2 nosuch.test: no such domain"),
+        ("b@nullmx.test", "556 5.1.10 nullmx.test accepts no mail (null MX"),
+        ("b@noaddress.test", "550 5.4.4 noaddress.test: no address"),
+        ("b@servfail.test", "451 4.4.3 DNS lookup of servfail.test MX failed"),
+        ("b@broken.test", "451 4.4.3 DNS lookup of the exchangers of broken.test failed"),
+        ("b@down.test", "451 4.4.1 cannot reach dead.backup.test[127.0.0.2]:"),
+    ],
+)
+def test_what_dns_says_settles_a_domain_without_a_connection(
+    dns_server: DnsServer, sink: tuple[Recorder, int], recipient: str, reply: str
+) -> None:
+    recorder, port = sink
+    agent = agent_for(dns_server, port)
+    try:
+        replies = agent.deliver(envelope(recipient, "ok@implicit.test"), DATA)
+    finally:
+        agent.close()
+    assert replies[recipient].startswith(reply), replies
+    assert replies["ok@implicit.test"] == OK  # the other domain is not held up
+    assert [rcpts for _f, rcpts, _d in recorder.received] == [("ok@implicit.test",)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("mx:port=0", "port must be 1 to 65535"),
+        ("mx:port=25,port=26", "give the agent as mx"),
+        ("mx:relay=x", "give the agent as mx"),
+        ("mx:tls=maybe", "use one of none, may, encrypt, verify"),
+        ("mx:cafile=/x.pem", "cafile is for tls=verify"),
+        ("mx:tls=verify,cafile=/nonexistent.pem", "cannot read the certificates"),
+        ("mx:nameserver=dns.example", "give an IP address"),
+        ("mx:nameserver=127.0.0.1:99999", "port must be 1 to 65535"),
+    ],
+)
+def test_bad_options_are_refused_when_the_agent_is_made(spec: str, says: str) -> None:
+    with pytest.raises(SpoolMisuse, match=says):
+        load_agent(spec)
+
+
+def test_nameserver_forms() -> None:
+    for text, expected in [
+        ("127.0.0.1", ("127.0.0.1", 53)),
+        ("127.0.0.1:5353", ("127.0.0.1", 5353)),
+        ("::1", ("::1", 53)),
+        ("[::1]", ("::1", 53)),
+        ("[::1]:5353", ("::1", 5353)),
+    ]:
+        agent = load_agent(f"mx:nameserver={text}")
+        assert isinstance(agent, MxAgent)
+        resolver = agent.resolver
+        assert (resolver.nameservers[0], resolver.port) == expected, text
+
+
+def test_workers_relay_to_each_domains_exchanger(
+    tmp_path: Path, dns_server: DnsServer, sink: tuple[Recorder, int]
+) -> None:
+    recorder, port = sink
+    d = str(tmp_path / "spool")
+    agent = f"mx:port={port},nameserver=127.0.0.1:{dns_server.port}"
+    with owner(d, "--agent", agent, "--workers", "2"), spool.connect(d) as client:
+        for i in range(6):
+            client.accept("a@example.org", [f"r{i}@backup.test", f"s{i}@nosuch.test"], DATA)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stats = client.statistics()
+            if (stats.delivered, stats.failed) == (6, 6):
+                break
+            time.sleep(0.1)
+        assert (stats.delivered, stats.failed) == (6, 6)
+    assert sorted(r for _f, rcpts, _d in recorder.received for r in rcpts) == sorted(
+        f"r{i}@backup.test" for i in range(6)
+    )
