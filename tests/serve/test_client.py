@@ -244,3 +244,24 @@ def test_a_claim_with_the_bodies_and_a_settle_in_one_round_trip_each(tmp_path: P
         assert (stats.delivered, stats.in_flight) == (1, 0)
         left = {e.msg_id: e.recipients for e in client.list()}
         assert left == {first: ("c@example.net",), second: ("d@example.net",)}
+
+
+def test_a_worker_of_the_older_protocol_still_claims_reports_and_closes(tmp_path: Path) -> None:
+    # A worker from before ``claim``'s data flag and ``settle``: a claim without the flag
+    # (envelopes only), read_data, a report per status and close_attempt, one each.
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d), connect(d) as client:
+        first = client.accept("a@example.org", ["b@example.net", "c@example.net"], BODY)
+        [envelope] = client._call("claim", timeout=5.0, max=1)
+        assert envelope["msg_id"] == first and "data" not in envelope
+        assert client._call("read_data", msg_id=first) == BODY
+        client._call(
+            "report", msg_id=first, status="delivered", recipients=["b@example.net"], reply="250 ok"
+        )
+        client._call(
+            "report", msg_id=first, status="failed", recipients=["c@example.net"], reply="550 no"
+        )
+        client._call("close_attempt", msg_id=first)
+        stats = client.statistics()
+        assert (stats.delivered, stats.failed, stats.in_flight) == (1, 1, 0)
+        assert list(client.list()) == []

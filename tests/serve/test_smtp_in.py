@@ -376,3 +376,20 @@ def test_a_stop_says_421_to_every_session(tmp_path: Path) -> None:
         assert proc.wait(60) == 0
     with Spool.open(d) as sp:
         assert [e.recipients for e in sp.list()] == [("b@example.net",)]
+
+
+def test_a_stop_says_421_inside_a_starttls_session_too(tmp_path: Path) -> None:
+    # The 421 must go through the TLS layer the session switched to, not under it.
+    import ssl
+
+    cert, key = self_signed(tmp_path)
+    d, port = str(tmp_path / "spool"), free_port()
+    args = ["--smtp", f"127.0.0.1:{port}", "--tls-cert", cert, "--tls-key", key]
+    with owner(d, *args) as proc, session(port) as smtp:
+        smtp.starttls(context=ssl.create_default_context(cafile=cert))
+        smtp.ehlo("client.example.org")
+        assert smtp.mail("a@example.org")[0] == 250
+        proc.send_signal(signal.SIGTERM)
+        code, text = smtp.getreply()
+        assert (code, text[:5]) == (421, b"4.3.2"), (code, text)
+        assert proc.wait(60) == 0
