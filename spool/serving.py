@@ -44,6 +44,7 @@ def serve(
     smtp_hostname: str | None = None,
     mynetworks: Sequence[str] | None = None,
     relay_domains: Sequence[str] = (),
+    smtp_processes: int = 0,
     bounces: bool = False,
     delay_warning: float | None = None,
     tls: tuple[str, str] | None = None,
@@ -51,7 +52,8 @@ def serve(
 ) -> int:
     """Run the owner until SIGTERM/SIGINT; return the signal's number (the command exits
     130 after Ctrl-C, 0 after SIGTERM). ``ready`` is called with the ready line. ``smtp``
-    listeners accept mail over SMTP in this process (``smtp_in.py``); ``bounces`` turns
+    listeners accept mail over SMTP in this process (``smtp_in.py``), or in
+    ``smtp_processes`` processes of their own (``smtp_process.py``); ``bounces`` turns
     outcome tracking on (recorded), and a spool that tracks outcomes gets its bounces sent
     (``bouncing.py``); with ``delay_warning`` seconds, the senders of messages queued
     longer get one warning each (``delay_warnings.py``)."""
@@ -87,6 +89,7 @@ def serve(
             "uptime": time.monotonic() - started,
             "agent": agent,
             "workers": [] if supervisor is None else supervisor.workers(),
+            "smtp_processes": front.pids() if hasattr(front, "pids") else [],
             "worker_restarts": 0 if supervisor is None else supervisor.restarts,
             "lease_kills": 0 if supervisor is None else supervisor.lease_kills,
         }
@@ -107,7 +110,23 @@ def serve(
             log.info("metrics on http://%s:%d/metrics", *metrics)
         server.start()
         supervisor.start()
-        if smtp:
+        if smtp and smtp_processes:
+            from spool.smtp_in import LOOPBACK
+            from spool.smtp_process import SmtpProcesses
+
+            front = SmtpProcesses(
+                directory,
+                smtp,
+                smtp_processes,
+                hostname=smtp_hostname or socket.getfqdn(),
+                max_recipients=sp.options.max_recipients,
+                max_message_size=sp.options.max_message_size,
+                mynetworks=LOOPBACK if mynetworks is None else mynetworks,
+                relay_domains=relay_domains,
+                tls=tls,
+            )
+            front.start()
+        elif smtp:
             from spool.async_spool import AsyncSpool
             from spool.smtp_in import LOOPBACK, SmtpFrontEnd, tls_context
 
@@ -127,6 +146,8 @@ def serve(
             warner = DelayWarner(sp, directory, smtp_hostname or socket.getfqdn(), delay_warning)
             warner.start()
         listening = "".join(f", smtp {host}:{port}" for host, port in smtp)
+        if smtp and smtp_processes:
+            listening += f" ({smtp_processes} process{'' if smtp_processes == 1 else 'es'})"
         line = (
             f"spool serve: ready, pid {os.getpid()}, socket {server.path}, "
             f"{workers} worker{'' if workers == 1 else 's'} ({agent or 'no agent'}){listening}"

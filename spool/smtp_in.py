@@ -35,7 +35,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, AnyStr, Final
+from typing import Any, AnyStr, Final, Protocol
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
@@ -47,6 +47,7 @@ from spool.errors import (
     InvalidAddress,
     InvalidMessage,
     MessageTooLarge,
+    OwnerUnreachable,
     SpoolClosed,
     SpoolFailed,
 )
@@ -67,6 +68,11 @@ def received_room(hostname: str) -> int:
     return RECEIVED_FIXED + HELO_MAX + len(hostname.encode("utf-8"))
 
 
+def size_limit(max_message_size: int, hostname: str) -> int:
+    """The SIZE announced and enforced: the spool's limit less the ``Received:`` header's."""
+    return max(1, max_message_size - received_room(hostname))
+
+
 TOO_BIG: Final = "552 5.3.4 Message size exceeds fixed limit"
 # aiosmtpd's own replies for a message over SIZE, given the enhanced status codes of RFC
 # 3463 as every MTA gives them (its hooks are not called for these).
@@ -83,7 +89,7 @@ SHUTTING_DOWN: Final = b"421 4.3.2 Service shutting down, closing transmission c
 STOP_GRACE: Final = 5.0  # seconds a stop waits for transactions in DATA to be answered
 
 
-class _SMTP(SMTP):
+class SmtpSession(SMTP):
     """aiosmtpd's SMTP with enhanced status codes on the replies it makes itself, known
     to its front end while connected, so that a stop can say 421 (``SmtpFrontEnd.stop``)."""
 
@@ -117,7 +123,7 @@ class _SMTP(SMTP):
             self.transport.close()
 
 
-async def _shut_sessions(sessions: set[_SMTP], deadline: float) -> None:
+async def shut_sessions(sessions: set[SmtpSession], deadline: float) -> None:
     """Say 421 to this loop's sessions: at once to those between transactions, and to one
     in DATA once its reply is written (its message may be durable already: cutting it
     before the 250 would have it sent twice), or at ``deadline`` (time.monotonic())."""
@@ -133,24 +139,32 @@ async def _shut_sessions(sessions: set[_SMTP], deadline: float) -> None:
         await asyncio.sleep(0.02)
 
 
+class Accepting(Protocol):
+    """What takes the messages: ``AsyncSpool`` in the owner's process, ``AsyncClient``
+    in an SMTP front-end process of its own (``smtp_process.py``)."""
+
+    async def accept(self, sender: str, recipients: Iterable[str], data: bytes) -> str: ...
+
+
 class SpoolHandler:
     """The aiosmtpd handler: relay control, limits, and the durable accept."""
 
     def __init__(
         self,
-        spool: AsyncSpool,
+        spool: Accepting,
         *,
         hostname: str,
+        max_recipients: int,
         mynetworks: Sequence[str] = LOOPBACK,
         relay_domains: Iterable[str] = (),
     ) -> None:
         self.spool = spool
         self.hostname = hostname
-        self.sessions: set[_SMTP] = set()  # connected, on any listener's loop
+        self.sessions: set[SmtpSession] = set()  # connected, on any listener's loop
         self.mynetworks = [ipaddress.ip_network(n, strict=False) for n in mynetworks]
         # Compared as domain_of() gives a recipient's domain: A-labels, lower case.
         self.relay_domains = {domain_of("postmaster@" + d.rstrip(".")) for d in relay_domains}
-        self.max_recipients = spool.spool.options.max_recipients
+        self.max_recipients = max_recipients
 
     def trusted(self, peer: Any) -> bool:
         """Whether the client's address is in ``mynetworks`` (a Unix socket peer is local)."""
@@ -227,7 +241,7 @@ class SpoolHandler:
             return TOO_BIG
         except InvalidMessage as e:
             return f"554 5.6.0 Message refused: {e}"
-        except (SpoolFailed, SpoolClosed) as e:
+        except (SpoolFailed, SpoolClosed, OwnerUnreachable) as e:
             log.error("accept failed: %s", e)
             return "451 4.3.0 Local error in processing, try again later"
         return f"250 2.0.0 Ok: queued as {msg_id}"
@@ -283,11 +297,13 @@ class SmtpFrontEnd:
     ) -> None:
         self.hostname = hostname or socket.getfqdn()
         self.handler = SpoolHandler(
-            spool, hostname=self.hostname, mynetworks=mynetworks, relay_domains=relay_domains
+            spool,
+            hostname=self.hostname,
+            max_recipients=spool.spool.options.max_recipients,
+            mynetworks=mynetworks,
+            relay_domains=relay_domains,
         )
-        self.size_limit = max(
-            1, spool.spool.options.max_message_size - received_room(self.hostname)
-        )
+        self.size_limit = size_limit(spool.spool.options.max_message_size, self.hostname)
         size = self.size_limit
         self.controllers = [
             _Controller(
@@ -328,7 +344,7 @@ class SmtpFrontEnd:
             c.loop.call_soon_threadsafe(c.server.close)  # no new connections
         for c in running:
             told = asyncio.run_coroutine_threadsafe(
-                _shut_sessions(self.handler.sessions, deadline), c.loop
+                shut_sessions(self.handler.sessions, deadline), c.loop
             )
             with contextlib.suppress(Exception):  # a loop already gone: nothing to tell
                 told.result(STOP_GRACE + 1)
@@ -337,7 +353,7 @@ class SmtpFrontEnd:
 
 
 class _Controller(Controller):
-    """aiosmtpd's Controller building this module's ``_SMTP``."""
+    """aiosmtpd's Controller building this module's ``SmtpSession``."""
 
     def factory(self) -> SMTP:
-        return _SMTP(self.handler, **self.SMTP_kwargs)
+        return SmtpSession(self.handler, **self.SMTP_kwargs)

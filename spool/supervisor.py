@@ -8,7 +8,8 @@ oldest attempt is older than ``attempt_timeout`` is killed (SIGKILL) and replace
 spool has closed that attempt as deferred already (its lease), and the kill drops the
 connection, which closes whatever else it held.
 
-The supervisor runs in its own thread and never waits on a worker: it polls.
+The supervisor runs in its own thread and never waits on a worker: it polls. The same
+slots (``ProcessGroup``) run the SMTP front-end processes (``smtp_process.py``).
 """
 
 from __future__ import annotations
@@ -46,46 +47,38 @@ class Slot:
     restarts: int = 0
 
 
-class Supervisor:
-    def __init__(
-        self,
-        directory: str,
-        agent: str,
-        workers: int,
-        max_use: int,
-        attempt_timeout: float,
-        server: ControlServer,
-        concurrency: int = 4,
-    ) -> None:
-        self.directory = directory
-        self.agent = agent
-        self.max_use = max_use
-        self.concurrency = concurrency
-        self.attempt_timeout = attempt_timeout
-        self.server = server
-        self.slots = [Slot(n) for n in range(workers)]
+class ProcessGroup:
+    """Slots of child processes, each started, watched and restarted with a backoff, in a
+    thread of its own that polls (never waits on a child). ``_command`` says what each
+    slot runs; ``kind`` names them in the log."""
+
+    kind = "process"
+
+    def __init__(self, count: int) -> None:
+        self.slots = [Slot(n) for n in range(count)]
         self.restarts = 0
-        self.lease_kills = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.kind, daemon=True)
 
     def start(self) -> None:
         if self.slots:
             self._thread.start()
 
     def _command(self) -> list[str]:
-        return [
-            sys.executable, "-m", "spool.worker", self.directory,
-            "--agent", self.agent, "--max-use", str(self.max_use),
-            "--concurrency", str(self.concurrency),
-        ]  # fmt: skip
+        raise NotImplementedError
+
+    def _popen(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self._command(), stdin=subprocess.DEVNULL)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL):
             now = time.monotonic()
             for slot in self.slots:
                 self._tend(slot, now)
-            self._enforce_leases()
+            self._after_tending()
+
+    def _after_tending(self) -> None:
+        """What else a look does, after each slot was tended."""
 
     def _tend(self, slot: Slot, now: float) -> None:
         process = slot.process
@@ -99,27 +92,88 @@ class Supervisor:
             self.restarts += 1
             if status == 0:
                 slot.next_start, slot.backoff = now, BACKOFF_FIRST
-                log.info("worker %d (pid %d) exited after its attempts", slot.number, process.pid)
+                log.info("%s %d (pid %d) exited after its %s", self.kind, slot.number,
+                         process.pid, self._done)  # fmt: skip
             else:
                 if lived >= STABLE_AFTER:
                     slot.backoff = BACKOFF_FIRST
                 slot.next_start = now + slot.backoff
                 log.warning(
-                    "worker %d (pid %d) died (%s); restart in %.0f s",
-                    slot.number, process.pid, _how(status), slot.backoff,
+                    "%s %d (pid %d) died (%s); restart in %.0f s",
+                    self.kind, slot.number, process.pid, _how(status), slot.backoff,
                 )  # fmt: skip
                 slot.backoff = min(BACKOFF_MAX, slot.backoff * 2)
         if slot.process is None and now >= slot.next_start and not self._stop.is_set():
             try:
-                slot.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL)
+                slot.process = self._popen()
             except OSError as e:  # out of processes or descriptors: try again later
-                log.error("cannot start worker %d: %s; retry in %.0f s", slot.number, e,
-                          slot.backoff)  # fmt: skip
+                log.error("cannot start %s %d: %s; retry in %.0f s", self.kind, slot.number,
+                          e, slot.backoff)  # fmt: skip
                 slot.next_start = now + slot.backoff
                 slot.backoff = min(BACKOFF_MAX, slot.backoff * 2)
                 return
             slot.started = now
-            log.info("worker %d started (pid %d)", slot.number, slot.process.pid)
+            log.info("%s %d started (pid %d)", self.kind, slot.number, slot.process.pid)
+
+    _done = "work"  # what a child that exits 0 has finished, for the log
+
+    def pids(self) -> list[int]:
+        """The running children's pids."""
+        return [s.process.pid for s in self.slots if s.process is not None]
+
+    def stop(self) -> None:
+        """SIGTERM every child, give them ``STOP_GRACE`` to finish, then SIGKILL."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        running = [s.process for s in self.slots if s.process is not None]
+        for process in running:
+            _signal(process, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for process in running:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(process, signal.SIGKILL)
+                process.wait()
+
+
+class Supervisor(ProcessGroup):
+    """The delivery workers: a ``python -m spool.worker`` per slot, each killed and
+    replaced at its lease."""
+
+    kind = "worker"
+    _done = "attempts"
+
+    def __init__(
+        self,
+        directory: str,
+        agent: str,
+        workers: int,
+        max_use: int,
+        attempt_timeout: float,
+        server: ControlServer,
+        concurrency: int = 4,
+    ) -> None:
+        super().__init__(workers)
+        self.directory = directory
+        self.agent = agent
+        self.max_use = max_use
+        self.concurrency = concurrency
+        self.attempt_timeout = attempt_timeout
+        self.server = server
+        self.lease_kills = 0
+        self._thread.name = "supervisor"
+
+    def _command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "spool.worker", self.directory,
+            "--agent", self.agent, "--max-use", str(self.max_use),
+            "--concurrency", str(self.concurrency),
+        ]  # fmt: skip
+
+    def _after_tending(self) -> None:
+        self._enforce_leases()
 
     def _enforce_leases(self) -> None:
         pids = {s.process.pid: s for s in self.slots if s.process is not None}
@@ -156,22 +210,6 @@ class Supervisor:
                 "in_flight": [] if session is None else session.in_flight(),
             })  # fmt: skip
         return out
-
-    def stop(self) -> None:
-        """SIGTERM every worker, give them ``STOP_GRACE`` to settle, then SIGKILL."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        running = [s.process for s in self.slots if s.process is not None]
-        for process in running:
-            _signal(process, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE
-        for process in running:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(process, signal.SIGKILL)
-                process.wait()
 
 
 def _signal(process: subprocess.Popen[bytes], sig: int) -> None:

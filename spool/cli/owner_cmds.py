@@ -75,6 +75,14 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
     "the message is durable.",
 )
 @click.option(
+    "--smtp-processes",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    help="Run the SMTP listeners in N processes of their own, which hand each message to "
+    "the owner over the control socket (0: in the owner's process).",
+)
+@click.option(
     "--mynetworks",
     multiple=True,
     metavar="CIDR",
@@ -143,6 +151,7 @@ def serve(
     concurrency: int,
     metrics_at: str | None,
     smtp_at: tuple[str, ...],
+    smtp_processes: int,
     mynetworks: tuple[str, ...],
     relay_domains: tuple[str, ...],
     smtp_hostname: str | None,
@@ -187,6 +196,8 @@ def serve(
             raise click.UsageError(str(e)) from None
     if delay_warning is not None and not delay_warning > 0:
         raise click.UsageError("--delay-warning must be more than 0 seconds")
+    if smtp_processes and not smtp_at:
+        raise click.UsageError("--smtp-processes needs --smtp HOST:PORT")
     smtp, networks = _smtp_options(smtp_at, mynetworks)
     _check_relay_domains(relay_domains)
     tls = _tls_options(smtp, tls_cert, tls_key)
@@ -206,6 +217,7 @@ def serve(
         concurrency=concurrency,
         metrics=metrics,
         smtp=smtp,
+        smtp_processes=smtp_processes,
         smtp_hostname=smtp_hostname,
         mynetworks=networks,
         relay_domains=relay_domains,

@@ -66,6 +66,7 @@ LAYERS: list[set[str]] = [
         "async_client",
         "async_spool",
         "smtp_in",
+        "smtp_process",
         "bouncing",
         "delay_warnings",
     },
