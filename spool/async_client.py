@@ -28,6 +28,7 @@ from spool.client import (
     _envelope,
     _texts,
     action_result,
+    check_attempt_open,
     connect,
     raise_for_one,
 )
@@ -148,6 +149,7 @@ class AsyncAttempt:
         return self.envelope.msg_id
 
     async def read_data(self) -> bytes:
+        self._check_open()
         if self._data is not None:
             return self._data
         data: bytes = await self._client._call("read_data", msg_id=self.msg_id)
@@ -165,6 +167,7 @@ class AsyncAttempt:
         await self._report("deferred", recipients, reply)
 
     async def _report(self, status: str, recipients: Iterable[str], reply: str) -> None:
+        self._check_open()
         await self._client._call(
             "report", msg_id=self.msg_id, status=status, recipients=_texts(recipients), reply=reply
         )
@@ -173,9 +176,13 @@ class AsyncAttempt:
         """As ``RemoteAttempt.settle``: each ``(status, recipients, reply)`` reported, then
         the attempt closed, in one round trip; the delivered and failed ones durable on
         return. On a refused report the attempt stays open."""
+        self._check_open()
         groups = [[status, _texts(recipients), reply] for status, recipients, reply in reports]
         await self._client._call("settle", msg_id=self.msg_id, reports=groups)
         self._closed = True
+
+    def _check_open(self) -> None:
+        check_attempt_open(self._closed, self.msg_id)
 
     async def close(self) -> None:
         if self._closed:

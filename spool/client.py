@@ -34,6 +34,7 @@ from spool.attempts import MessageEnvelope
 from spool.errors import (
     OwnerUnreachable,
     ProtocolError,
+    SpoolClosed,
     SpoolMisuse,
     UnknownMessage,
     remote_error,
@@ -364,6 +365,7 @@ class RemoteAttempt:
         return self.envelope.msg_id
 
     def read_data(self) -> bytes:
+        check_attempt_open(self._closed, self.msg_id)
         if self._data is not None:
             return self._data
         data: bytes = self._client._call("read_data", msg_id=self.msg_id)
@@ -381,6 +383,7 @@ class RemoteAttempt:
         self._report("deferred", recipients, reply)
 
     def _report(self, status: str, recipients: Iterable[str], reply: str) -> None:
+        check_attempt_open(self._closed, self.msg_id)
         self._client._call(
             "report", msg_id=self.msg_id, status=status, recipients=_texts(recipients), reply=reply
         )
@@ -389,6 +392,7 @@ class RemoteAttempt:
         """Each ``(status, recipients, reply)`` reported, then the attempt closed, in one
         round trip (socket only: in process each call is its own). The delivered and
         failed ones are durable on return. On a refused report the attempt stays open."""
+        check_attempt_open(self._closed, self.msg_id)
         groups = [[status, _texts(recipients), reply] for status, recipients, reply in reports]
         self._client._call("settle", msg_id=self.msg_id, reports=groups)
         self._closed = True
@@ -406,6 +410,14 @@ class RemoteAttempt:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_attempt_open(closed: bool, msg_id: str) -> None:
+    """``SpoolClosed`` for a call on an attempt this side closed (or settled): the owner
+    knows attempts by message id, so a stale handle must not speak for a later attempt
+    of the same message."""
+    if closed:
+        raise SpoolClosed(f"the attempt of {msg_id} was closed")
 
 
 def action_result(answer: dict[str, Any]) -> ActionResult:

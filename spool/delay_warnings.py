@@ -13,7 +13,8 @@ the spool directory (docs/format.md), after the warning is accepted (durable). S
   ``fdatasync`` sends the warning again after the restart (Postfix's qmgr has the same
   window between the warning and the queue file's updated warning time); a crash never
   loses one that was due.
-- **a full disk waits.** A warning refused for space is tried at the next look.
+- **a full disk waits.** A warning refused for space is tried at the next look; a mark
+  that cannot be written is logged (the message counts as warned until the next start).
 - The file only grows by the ids of warned messages; each start, and each look that finds
   more stale ids than ``PRUNE_AFTER``, rewrites it with the ids still queued.
 """
@@ -28,7 +29,14 @@ from typing import Final
 
 from spool import format as fmt
 from spool.dsn import delay_warning
-from spool.errors import DiskFull, InvalidMessage, MessageTooLarge, SpoolClosed, SpoolError
+from spool.errors import (
+    BadSpoolDirectory,
+    DiskFull,
+    InvalidMessage,
+    MessageTooLarge,
+    SpoolClosed,
+    SpoolError,
+)
 from spool.fs import FileSystem
 from spool.queue_view import QueueEntry
 from spool.spool import Spool
@@ -41,7 +49,14 @@ PRUNE_AFTER: Final = 1000  # stale ids in the file before a look rewrites it
 class DelayWarner:
     """Sends the delay warnings of one open spool, in a thread, until ``stop``."""
 
-    def __init__(self, spool: Spool, directory: str, reporting_mta: str, delay: float) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        directory: str,
+        reporting_mta: str,
+        delay: float,
+        fs: FileSystem | None = None,
+    ) -> None:
         if not delay > 0:
             raise ValueError("the delay warning time must be more than 0 seconds")
         self.spool = spool
@@ -49,23 +64,37 @@ class DelayWarner:
         self.delay = delay
         self.sent = 0
         self._path = os.path.join(directory, fmt.DELAY_WARNED_NAME)
-        self._fs = FileSystem()
+        self._fs = fs or FileSystem()
         self._warned: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spool-delay-warner", daemon=True)
 
     def start(self) -> None:
-        """Read the warned ids (keeping those still queued), then look in a thread."""
-        self._warned = read_warned(self._fs, self._path)
+        """Read the warned ids (keeping those still queued), then look in a thread.
+        ``BadSpoolDirectory`` if the file cannot be read (a directory there, say): the
+        owner does not start rather than warn every sender again."""
+        try:
+            self._warned = read_warned(self._fs, self._path)
+        except OSError as e:
+            raise BadSpoolDirectory(
+                self._path,
+                f"cannot be read ({e.strerror or e}): move it out of the spool directory "
+                "(each late message then warns its sender once more), or start without "
+                "--delay-warning",
+            ) from None
         # Rewritten at each start: gone are the ids no longer queued, and a torn last
         # line, which the next append would otherwise run on from.
-        self._rewrite({e.msg_id for e in self.spool.list()})
+        try:
+            self._rewrite({e.msg_id for e in self.spool.list()})
+        except OSError as e:  # a full disk, say: the file is kept as it is, appended to
+            log.error("cannot rewrite %s (%s): kept as it is", self._path, e.strerror or e)
         self._thread.start()
 
     def stop(self) -> None:
         """Stop after the warning in hand (its accept and its mark, or neither)."""
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _run(self) -> None:
         every = min(CHECK_EVERY, self.delay)
@@ -77,22 +106,27 @@ class DelayWarner:
             except SpoolError as exc:  # a failed spool: the owner's own calls report it
                 log.error("delay warnings stopped: %s", exc)
                 return
+            except OSError as exc:  # the file: its next look tries again
+                log.error("delay warnings: %s: %s", self._path, exc.strerror or exc)
 
     def look(self, now: float | None = None) -> int:
         """Warn the sender of each message due a warning; the number warned."""
         now = time.time() if now is None else now
         live: set[str] = set()
         warned = 0
+        complete = True  # whether ``live`` holds the whole queue, for the prune
         for entry in self.spool.list():
             live.add(entry.msg_id)
             if self._stop.is_set():
+                complete = False
                 break
             if entry.msg_id in self._warned or not self._due(entry, now):
                 continue
             if not self._warn(entry):
+                complete = False
                 break  # the disk is full: the next look tries again
             warned += 1
-        if len(self._warned - live) > PRUNE_AFTER and not self._stop.is_set():
+        if complete and len(self._warned - live) > PRUNE_AFTER:
             self._rewrite(live)
         return warned
 
@@ -134,15 +168,21 @@ class DelayWarner:
         return True
 
     def _mark(self, msg_id: str) -> None:
-        fd = self._fs.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC)
-        try:
-            # A crash mid-write leaves a torn last line, which ``read_warned`` skips: that
-            # message is warned again, the lines before it stand.
-            self._fs.pwrite(fd, msg_id.encode() + b"\n", self._fs.size(fd))
-            self._fs.fdatasync(fd)
-        finally:
-            self._fs.close(fd)
+        # Known warned in memory first: a mark that cannot be written (EIO, ENOSPC) costs
+        # at most one more warning after the next start, not one every look.
         self._warned.add(msg_id)
+        try:
+            fd = self._fs.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC)
+            try:
+                # A crash mid-write leaves a torn last line, which ``read_warned`` skips:
+                # that message is warned again, the lines before it stand.
+                self._fs.pwrite(fd, msg_id.encode() + b"\n", self._fs.size(fd))
+                self._fs.fdatasync(fd)
+            finally:
+                self._fs.close(fd)
+        except OSError as e:
+            log.error("%s: cannot mark as warned in %s (%s): warned again after a restart",
+                      msg_id, self._path, e.strerror or e)  # fmt: skip
 
     def _rewrite(self, live: set[str]) -> None:
         """Keep only the warned ids still queued: a new file renamed over the old one."""

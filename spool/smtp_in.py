@@ -277,7 +277,7 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:25`` for IPv6) as (host, port); ValueError if it is not."""
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not host.strip("[]") or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise ValueError(f"give the SMTP address as HOST:PORT, not {text!r}")
     return host.strip("[]"), int(port)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import smtplib
 
-from spool.agents.smtp import TIMEOUT, SmtpAgent, _reply
+from spool.agents.smtp import TIMEOUT, SmtpAgent, _reply, port_number
 from spool.errors import SpoolMisuse
 
 _LEADING_DOT = re.compile(rb"(?m)^\.")
@@ -46,7 +46,8 @@ class LmtpAgent(SmtpAgent):
 def make(argument: str) -> LmtpAgent:
     if argument.startswith("/"):
         return LmtpAgent(argument, 0, TIMEOUT)  # a Unix socket (smtplib.LMTP's convention)
-    host, _, port = argument.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    host, _, port_text = argument.rpartition(":")
+    port = port_number(port_text)
+    if not host.strip("[]") or port is None:
         raise SpoolMisuse("give the LMTP server as lmtp:HOST:PORT or lmtp:/path/to/socket")
-    return LmtpAgent(host.strip("[]"), int(port), TIMEOUT)
+    return LmtpAgent(host.strip("[]"), port, TIMEOUT)

@@ -34,7 +34,7 @@ import attrs
 
 from spool.addresses import domain_of
 from spool.agents import Replies
-from spool.agents.smtp import TLS_LEVELS, SmtpAgent, TlsRefused, tls_context
+from spool.agents.smtp import TLS_LEVELS, SmtpAgent, TlsRefused, port_number, tls_context
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
 
@@ -155,9 +155,13 @@ def make(argument: str) -> MxAgent:
     if dns is None:
         raise SpoolMisuse("the mx agent needs dnspython: pip install 'mailspool[mx]'")
     fields: dict[str, str] = {}
-    for option in argument.split(",") if argument else []:
+    # cafile= takes the rest of the text (a path may hold commas), so it comes last.
+    head, sep, cafile = ("," + argument).partition(",cafile=")
+    if sep:
+        fields["cafile"] = cafile
+    for option in head.split(",")[1:]:
         name, eq, value = option.partition("=")
-        if not eq or name not in ("port", "tls", "cafile", "nameserver") or name in fields:
+        if not eq or name not in ("port", "tls", "nameserver") or name in fields or not value:
             raise SpoolMisuse(f"{option!r}: give the agent as {USAGE}")
         fields[name] = value
     port = _port(fields.get("port", "25"), "port")
@@ -188,6 +192,7 @@ def _nameserver(text: str) -> tuple[str, int]:
 
 
 def _port(text: str, what: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    port = port_number(text)
+    if port is None:
         raise SpoolMisuse(f"{what} must be 1 to 65535, not {text!r}")
-    return int(text)
+    return port

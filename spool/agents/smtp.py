@@ -27,7 +27,7 @@ import logging
 import smtplib
 import socket
 import ssl
-from typing import Final
+from typing import Final, NoReturn
 
 import attrs
 
@@ -52,23 +52,40 @@ class NextHop:
 
 def parse_next_hop(text: str, usage: str = "smtp:HOST:PORT[,tls=LEVEL][,cafile=PEM]") -> NextHop:
     """The next hop ``text`` names (``HOST:PORT`` and its options), or ``SpoolMisuse``
-    saying the shape ``usage``."""
-    target, *options = text.split(",")
-    host, _, port = target.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    saying the shape ``usage``. ``cafile=`` takes the rest of the text (a path may hold
+    commas), so it comes last."""
+    head, sep, cafile = text.partition(",cafile=")
+    target, *options = head.split(",")
+    host, _, port_text = target.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    port = port_number(port_text)
+    if not host or host != host.strip() or any(c.isspace() for c in host) or port is None:
         raise SpoolMisuse(f"the next hop must be {usage}, not {text!r}")
     fields: dict[str, str] = {}
     for option in options:
         name, eq, value = option.partition("=")
-        if not eq or name not in ("tls", "cafile") or name in fields or not value:
+        if not eq or name != "tls" or name in fields or not value:
             raise SpoolMisuse(f"{option!r} in {text!r}: the options are tls=LEVEL and cafile=PEM")
         fields[name] = value
+    if sep and not cafile:
+        raise SpoolMisuse(f"cafile= in {text!r} names no file")
     tls = fields.get("tls", "may")
     if tls not in TLS_LEVELS:
         raise SpoolMisuse(f"tls={tls} in {text!r}: use one of {', '.join(TLS_LEVELS)}")
-    if "cafile" in fields and tls != "verify":
+    if sep and tls != "verify":
         raise SpoolMisuse(f"cafile in {text!r} is for tls=verify")
-    return NextHop(host.strip("[]"), int(port), tls, fields.get("cafile"))
+    return NextHop(host, port, tls, cafile or None)
+
+
+def port_number(text: str) -> int | None:
+    """``text`` as a TCP port (1 to 65535, ASCII digits only), or None."""
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
+        return None
+    return int(text)
+
+
+class _PlainFromNowOn(Exception):
+    """``may``: the handshake failed; open a plain session instead."""
 
 
 class TlsRefused(Exception):
@@ -106,7 +123,8 @@ class SmtpAgent:
         self._plain = tls == "none"  # "may" turns plain after a failed handshake
         self._smtp: smtplib.SMTP | None = None
 
-    def _open(self) -> smtplib.SMTP:
+    def _connect(self) -> smtplib.SMTP:
+        """A new session, greeted (EHLO), not yet under TLS."""
         if self.address is None:
             smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
         else:
@@ -120,36 +138,57 @@ class SmtpAgent:
                 raise smtplib.SMTPConnectError(code, text)
         try:
             smtp.ehlo_or_helo_if_needed()
+        except BaseException:
+            smtp.close()
+            raise
+        return smtp
+
+    def _open(self) -> smtplib.SMTP:
+        smtp = self._connect()
+        try:
             if not self._plain:
                 self._starttls(smtp)
+        except _PlainFromNowOn:
+            smtp.close()
+            return self._connect()  # at once: this message need not wait for a retry
         except BaseException:
             smtp.close()
             raise
         return smtp
 
     def _starttls(self, smtp: smtplib.SMTP) -> None:
-        """STARTTLS by this next hop's level, or ``TlsRefused``."""
+        """STARTTLS by this next hop's level, or ``TlsRefused``; under ``may``, nothing
+        (not offered, or refused for now: the session goes on in plain text) or
+        ``_PlainFromNowOn`` (the handshake failed: the session is unusable)."""
         where = f"{self.host}:{self.port}"
         if not smtp.has_extn("starttls"):
             if self.tls == "may":
                 return
             raise TlsRefused(f"451 4.7.4 TLS is required, but was not offered by {where}")
         try:
-            code, text = smtp.starttls(context=self._context)
-            if code == 220:
-                smtp.ehlo()  # under TLS 1.3 a refused handshake may show only here
+            smtp.starttls(context=self._context)
+        except smtplib.SMTPResponseException as e:
+            # STARTTLS answered with an error (454 4.7.0 TLS not available: RFC 3207 makes
+            # it temporary), the session still in plain text and usable.
+            if self.tls == "may":
+                return
+            said = _reply(e.smtp_code, e.smtp_error)
+            raise TlsRefused(f"451 4.7.4 {where} refused STARTTLS: {said}"[:900]) from e
         except (OSError, smtplib.SMTPException) as e:  # ssl.SSLError, a dropped connection
-            if self.tls == "may":
-                # Opportunistic: a failed handshake is no reason to keep the mail; this
-                # next hop is used in plain text for the rest of the worker's life.
-                log.warning("%s: TLS handshake failed (%s): relaying in plain text", where, e)
-                self._plain = True
-                raise smtplib.SMTPServerDisconnected("TLS handshake failed") from e
-            raise TlsRefused(f"451 4.7.5 TLS with {where} failed: {e}"[:900]) from e
-        if code != 220:
-            if self.tls == "may":
-                return  # STARTTLS refused: the session goes on in plain text
-            raise TlsRefused(f"451 4.7.4 {where} refused STARTTLS: {_reply(code, text)}"[:900])
+            self._handshake_failed(where, e)
+        try:
+            smtp.ehlo()  # under TLS 1.3 a refused handshake may show only here
+        except (OSError, smtplib.SMTPException) as e:
+            self._handshake_failed(where, e)
+
+    def _handshake_failed(self, where: str, e: Exception) -> NoReturn:
+        if self.tls == "may":
+            # Opportunistic: a failed handshake is no reason to keep the mail; this next
+            # hop is used in plain text for the rest of the worker's life.
+            log.warning("%s: TLS handshake failed (%s): relaying in plain text", where, e)
+            self._plain = True
+            raise _PlainFromNowOn from e
+        raise TlsRefused(f"451 4.7.5 TLS with {where} failed: {e}"[:900]) from e
 
     def _connection(self) -> smtplib.SMTP:
         if self._smtp is None:

@@ -179,3 +179,27 @@ def test_awaitable_claim_with_the_bodies_and_settle(tmp_path: Path) -> None:
 
     with owner(d):
         asyncio.run(scenario())
+
+
+def test_a_closed_awaitable_attempt_cannot_speak_for_a_later_attempt(tmp_path: Path) -> None:
+    d = str(tmp_path / "spool")
+
+    async def scenario() -> None:
+        async with await spool.aconnect(d) as client:
+            msg = await client.accept("a@example.org", ["b@example.net"], b"x")
+            stale = await client.claim(timeout=5)
+            assert stale is not None
+            await stale.settle([])
+            assert await client.retry_now(msg) == 1
+            fresh = await client.claim(timeout=5)
+            assert fresh is not None and fresh.msg_id == msg
+            with pytest.raises(spool.SpoolClosed):
+                await stale.settle([("delivered", ["b@example.net"], "250 stale")])
+            with pytest.raises(spool.SpoolClosed):
+                await stale.read_data()
+            await fresh.delivered(["b@example.net"], "250 2.0.0 ok")
+            await fresh.close()
+            assert (await client.statistics()).delivered == 1
+
+    with owner(d):
+        asyncio.run(scenario())

@@ -17,6 +17,7 @@ from spool import (
     MessageTooLarge,
     OperatorAction,
     Spool,
+    SpoolClosed,
     SpoolMisuse,
     UnknownMessage,
     records,
@@ -265,3 +266,27 @@ def test_a_worker_of_the_older_protocol_still_claims_reports_and_closes(tmp_path
         stats = client.statistics()
         assert (stats.delivered, stats.failed, stats.in_flight) == (1, 1, 0)
         assert list(client.list()) == []
+
+
+def test_a_closed_remote_attempt_cannot_speak_for_a_later_attempt(tmp_path: Path) -> None:
+    # Found by review: the owner knows attempts by message id, so a handle kept after its
+    # settle reported for the next attempt of the same message (and closed it).
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d), connect(d) as client:
+        msg = client.accept("a@example.org", ["b@example.net", "c@example.net"], BODY)
+        stale = client.claim(timeout=5)
+        assert stale is not None
+        stale.settle([])  # all deferred, the attempt over
+        assert client.retry_now(msg) == 1
+        fresh = client.claim(timeout=5)
+        assert fresh is not None and fresh.msg_id == msg
+        for call in (
+            lambda: stale.settle([("delivered", ["c@example.net"], "250 stale")]),
+            lambda: stale.delivered(["c@example.net"], "250 stale"),
+            stale.read_data,
+        ):
+            with pytest.raises(SpoolClosed):
+                call()
+        fresh.delivered(["b@example.net", "c@example.net"], "250 2.0.0 ok")
+        fresh.close()
+        assert client.statistics().delivered == 2

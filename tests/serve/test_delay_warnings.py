@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import email
 import email.policy
+import errno
+import subprocess
+import sys
 import time
 from email.message import EmailMessage
 from pathlib import Path
@@ -12,12 +15,13 @@ from pathlib import Path
 import pytest
 
 import spool
-from spool import Spool
+from spool import Spool, delay_warnings
 from spool import format as fmt
 from spool.attempts import UNREPORTED_REPLY
 from spool.delay_warnings import DelayWarner, read_warned
 from spool.fs import FileSystem
-from tests.serve.running import owner
+from spool.testing.doubles import FaultFS
+from tests.serve.running import ROOT, child_env, owner
 
 HOUR = 3600.0
 GREYLISTED = "451 4.7.1 greylisted, try again later"
@@ -136,3 +140,70 @@ def test_a_delay_warning_that_is_no_time_is_refused(tmp_path: Path, bad: str) ->
     )
     assert proc.returncode == 2 and "--delay-warning" in proc.stderr, proc.stderr
     assert not (tmp_path / "s").exists()  # nothing made
+
+
+def test_a_delay_warned_path_that_cannot_be_read_stops_the_start_cleanly(tmp_path: Path) -> None:
+    # Found by review: a directory there made the start fail half way, and the cleanup
+    # then failed too (joining a thread never started): the owner ignored SIGTERM for
+    # ever while its workers went on delivering.
+    d = tmp_path / "spool"
+    Spool.open(d).close()
+    (d / fmt.DELAY_WARNED_NAME).mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "spool.cli", "serve", str(d), "--agent", "demo",
+         "--workers", "1", "--delay-warning", "1s"],
+        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0 and "delay-warned: cannot be read" in done.stderr, done.stderr
+    assert "move it out of the spool directory" in done.stderr
+    with Spool.open(d):  # nothing holds the lock
+        pass
+
+
+def test_a_look_cut_short_by_a_full_disk_prunes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by review: a look that stopped at a refused warning (DiskFull) counted every
+    # warned message after it in the queue as gone, rewrote the file without them, and
+    # the next look warned all of them again.
+    monkeypatch.setattr(delay_warnings, "PRUNE_AFTER", 1)
+    d = tmp_path / "spool"
+    with Spool.open(d) as sp:
+        ids = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x") for i in range(4)]
+    (d / fmt.DELAY_WARNED_NAME).write_text("".join(f"{i}\n" for i in ids[1:]))
+    accepted = 0.0
+    with Spool.open(d, min_free_bytes=2**40) as sp:  # every accept refused: DiskFull
+        accepted = max(e.accepted_at for e in sp.list())
+        warner = DelayWarner(sp, str(d), "mx.example.org", HOUR)
+        warner.start()
+        try:
+            assert warner.look(now=accepted + HOUR) == 0  # ids[0]'s warning waits
+        finally:
+            warner.stop()
+    assert read_warned(FS, str(d / fmt.DELAY_WARNED_NAME)) == set(ids[1:])
+    with Spool.open(d, min_free_bytes=0) as sp:  # (the reserve is recorded: set it back)
+        warner = DelayWarner(sp, str(d), "mx.example.org", HOUR)
+        warner.start()
+        try:
+            assert warner.look(now=accepted + HOUR) == 1  # ids[0] alone
+        finally:
+            warner.stop()
+
+
+def test_a_mark_that_cannot_be_written_is_logged_and_not_warned_again(tmp_path: Path) -> None:
+    # Found by review: an OSError writing the mark killed the warner's thread for good.
+    d = tmp_path / "spool"
+    with Spool.open(d) as sp:
+        msg = sp.accept("a@example.org", ["b@example.net"], b"x")
+        accepted = next(e.accepted_at for e in sp.list())
+        fs = FaultFS()
+        warner = DelayWarner(sp, str(d), "mx.example.org", HOUR, fs=fs)
+        warner.start()
+        fs.fail("pwrite", err=errno.ENOSPC)
+        try:
+            assert warner.look(now=accepted + HOUR) == 1
+            assert warner.look(now=accepted + HOUR) == 0  # known warned in memory
+        finally:
+            warner.stop()
+        assert fs.failures == 1
+    assert msg not in read_warned(FS, str(d / fmt.DELAY_WARNED_NAME))  # again after a start

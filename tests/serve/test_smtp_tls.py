@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import socketserver
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiosmtpd.controller import Controller
 
 import spool
 from spool.agents import load_agent
+from spool.agents.smtp import NextHop, SmtpAgent, parse_next_hop
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
 from tests.serve.running import owner
@@ -136,3 +140,103 @@ def test_workers_relay_under_verified_tls(
     finally:
         controller.stop()
     assert len(sink.received) == 10 and all(sink.encrypted)
+
+
+class RefusingTls(socketserver.StreamRequestHandler):
+    """A next hop that offers STARTTLS and answers it 454 (RFC 3207: not available now),
+    then takes the message in plain text."""
+
+    def handle(self) -> None:
+        self.server.sessions += 1  # type: ignore[attr-defined]
+        self.wfile.write(b"220 refusing.test ESMTP\r\n")
+        in_data = False
+        for line in self.rfile:
+            if in_data:
+                if line == b".\r\n":
+                    in_data = False
+                    self.server.messages += 1  # type: ignore[attr-defined]
+                    self.wfile.write(b"250 2.0.0 queued in plain text\r\n")
+                continue
+            verb = line[:4].upper()
+            if verb == b"EHLO":
+                self.wfile.write(b"250-refusing.test\r\n250 STARTTLS\r\n")
+            elif verb == b"STAR":
+                self.wfile.write(b"454 4.7.0 TLS not available due to local problem\r\n")
+            elif verb == b"DATA":
+                in_data = True
+                self.wfile.write(b"354 go on\r\n")
+            elif verb == b"QUIT":
+                self.wfile.write(b"221 bye\r\n")
+                return
+            else:
+                self.wfile.write(b"250 ok\r\n")
+
+
+@pytest.fixture
+def refusing() -> Iterator[socketserver.ThreadingTCPServer]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), RefusingTls)
+    server.sessions = server.messages = 0  # type: ignore[attr-defined]
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_starttls_refused_for_now_goes_on_in_plain_text_under_may(
+    refusing: socketserver.ThreadingTCPServer,
+) -> None:
+    # Found by review: smtplib raises on any reply but 220 to STARTTLS, which read as a
+    # failed handshake: a second connection, and plain text for the worker's whole life
+    # after a refusal RFC 3207 calls temporary. Under encrypt, the reply quoted bytes.
+    port = refusing.server_address[1]
+    agent = load_agent(f"smtp:127.0.0.1:{port}")
+    try:
+        assert agent.deliver(ENVELOPE, DATA) == {"b@example.net": "250 2.0.0 queued in plain text"}
+        assert (refusing.sessions, refusing.messages) == (1, 1)  # the same session went on
+    finally:
+        agent.close()
+    assert isinstance(agent, SmtpAgent) and not agent._plain  # the next session asks again
+    agent = load_agent(f"smtp:127.0.0.1:{port},tls=encrypt")
+    try:
+        [reply] = agent.deliver(ENVELOPE, DATA).values()
+    finally:
+        agent.close()
+    assert reply == (
+        f"451 4.7.4 127.0.0.1:{port} refused STARTTLS: "
+        "454 4.7.0 TLS not available due to local problem"
+    )
+    assert refusing.messages == 1
+
+
+def test_may_falls_back_at_once_when_a_reused_connection_meets_a_failed_handshake(
+    certs: tuple[tuple[str, str], tuple[str, str]], offered: ssl.SSLContext
+) -> None:
+    # Found by review: the kept connection found dropped, the new one's handshake failing:
+    # the message was deferred instead of going on in plain text.
+    controller, first, port = start_sink(offered)
+    agent = load_agent(f"smtp:127.0.0.1:{port}")
+    try:
+        assert agent.deliver(ENVELOPE, DATA) == {"b@example.net": "250 2.0.0 queued"}
+        assert first.encrypted == [True]
+        controller.stop()  # the kept connection dies with it
+        picky = server_context(*certs[0])
+        picky.verify_mode = ssl.CERT_REQUIRED  # a client certificate the relay has not
+        picky.load_verify_locations(certs[1][0])
+        second = Recorder()
+        controller = Controller(second, hostname="127.0.0.1", port=port, tls_context=picky)
+        controller.start()
+        assert agent.deliver(ENVELOPE, DATA) == {"b@example.net": "250 2.0.0 queued"}
+        assert second.encrypted == [False]
+    finally:
+        agent.close()
+        controller.stop()
+
+
+def test_next_hops_are_parsed_strictly_and_a_cafile_may_hold_commas() -> None:
+    for bad in ("h:²", "[]:25", " h :25", "h :25", "h:25,cafile="):
+        with pytest.raises(SpoolMisuse):
+            parse_next_hop(bad)
+    hop = parse_next_hop("[::1]:25,tls=verify,cafile=/etc/ssl/a,b.pem")
+    assert hop == NextHop("::1", 25, "verify", "/etc/ssl/a,b.pem")
