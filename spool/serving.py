@@ -11,6 +11,7 @@ recovered by the next start.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from spool.delay_warnings import DelayWarner
 from spool.options import RECORDED
 from spool.owner import ControlServer
 from spool.spool import Spool
+from spool.statistics import SpoolStatistics
 from spool.supervisor import Supervisor
 
 log = logging.getLogger("spool")
@@ -102,6 +104,7 @@ def serve(
     front: Any = None
     bouncer: Bouncer | None = None
     warner: DelayWarner | None = None
+    stats: list[SpoolStatistics] = []
     try:
         if metrics is not None:
             from spool.metrics import serve_metrics
@@ -163,23 +166,43 @@ def serve(
         for s in handlers:
             signal.signal(s, signal.SIG_IGN)
     finally:
-        if front is not None:
-            front.stop()  # first: no new mail while the rest stops
-        if bouncer is not None:
-            bouncer.stop()
-        if warner is not None:
-            warner.stop()
-        if stop_metrics is not None:
-            stop_metrics()
-        server.stopping()  # before the workers go: their ends are not crashes
-        supervisor.stop()
-        server.stop()
-        stats = sp.statistics()
-        sp.close()
-        for s, h in handlers.items():
-            signal.signal(s, h)
+        # Each step runs even if one before it failed: a stop that skipped the rest would
+        # leave workers delivering under an owner that no longer answers its signals.
+        _all_of(
+            [
+                *([front.stop] if front is not None else []),  # first: no new mail
+                *([bouncer.stop] if bouncer is not None else []),
+                *([warner.stop] if warner is not None else []),
+                *([stop_metrics] if stop_metrics is not None else []),
+                server.stopping,  # before the workers go: their ends are not crashes
+                supervisor.stop,
+                server.stop,
+                lambda: stats.append(sp.statistics()),
+                sp.close,
+                *(functools.partial(signal.signal, s, h) for s, h in handlers.items()),
+            ]
+        )
+    accepted, delivered, deferred, failed = (
+        (stats[0].accepted, stats[0].delivered, stats[0].deferred, stats[0].failed)
+        if stats
+        else (0, 0, 0, 0)
+    )
     log.info(
         "stopped after %.0f s: accepted %d, delivered %d, deferred %d, failed %d (recipients)",
-        time.monotonic() - started, stats.accepted, stats.delivered, stats.deferred, stats.failed,
+        time.monotonic() - started, accepted, delivered, deferred, failed,
     )  # fmt: skip
     return stopped_by[0] if stopped_by else signal.SIGTERM
+
+
+def _all_of(steps: list[Callable[[], object]]) -> None:
+    """Run every step; a step that raises is logged and the rest still run; then the
+    first error is raised again."""
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as exc:  # kept, and raised once every step ran
+            log.error("while stopping: %r", exc)
+            first = first or exc
+    if first is not None:
+        raise first

@@ -207,3 +207,18 @@ def test_a_mark_that_cannot_be_written_is_logged_and_not_warned_again(tmp_path: 
             warner.stop()
         assert fs.failures == 1
     assert msg not in read_warned(FS, str(d / fmt.DELAY_WARNED_NAME))  # again after a start
+
+
+def test_the_owners_stop_runs_every_step_whatever_fails() -> None:
+    # The review's hang came from one failed step skipping the rest of the stop.
+    from spool.serving import _all_of
+
+    ran = []
+
+    def fails() -> None:
+        ran.append("fails")
+        raise RuntimeError("cannot join thread before it is started")
+
+    with pytest.raises(RuntimeError, match="cannot join"):
+        _all_of([lambda: ran.append("front"), fails, lambda: ran.append("workers")])
+    assert ran == ["front", "fails", "workers"]
