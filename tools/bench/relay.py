@@ -8,7 +8,8 @@ Both systems are driven by the same Postfix load tools on loopback::
   given by ``--recipe`` or ``SPOOL_POSTFIX_RECIPE``: its ``configure.sh``, ``start.sh``
   and ``teardown.sh``, run in a temporary work directory), stock settings,
   relayhost smtp-sink; started once, warmed up, then kept for every Postfix trial.
-* ``spool wN``: ``spool serve DIR --smtp ... --agent smtp:127.0.0.1:SINK --workers N``,
+* ``spool wN`` / ``spool wN sM``: ``spool serve DIR --smtp ... --agent smtp:127.0.0.1:SINK
+  --workers N [--smtp-processes M]``,
   a fresh spool directory and a fresh owner per trial; the clock starts once every worker
   is up.
 
@@ -346,7 +347,14 @@ class SpoolServe:
     """``spool serve`` as a relay, a fresh spool and owner, in a cgroup of its own."""
 
     def __init__(
-        self, scratch: str, name: str, port: int, sink_port: int, workers: int, max_use: int
+        self,
+        scratch: str,
+        name: str,
+        port: int,
+        sink_port: int,
+        workers: int,
+        max_use: int,
+        smtp_processes: int = 0,
     ) -> None:
         self.directory = os.path.join(scratch, f"spool-{name}")
         self.log = os.path.join(scratch, f"spool-{name}.log")
@@ -366,7 +374,8 @@ class SpoolServe:
         args = [sys.executable, "-m", "spool.cli", "serve", self.directory,
                 "--smtp", f"{LOOP}:{port}", "--smtp-hostname", "spoolbench.localdomain",
                 "--agent", f"smtp:{LOOP}:{sink_port}", "--workers", str(workers),
-                "--max-use", str(max_use), "--log-file", self.log]  # fmt: skip
+                "--max-use", str(max_use), "--log-file", self.log,
+                "--smtp-processes", str(smtp_processes)]  # fmt: skip
         cgroup = self.cgroup
 
         def enter_cgroup() -> None:
@@ -383,12 +392,12 @@ class SpoolServe:
             start_new_session=True,
         )
         try:
-            self._wait_ready(workers)
+            self._wait_ready(workers, smtp_processes)
         except BaseException:
             self.stop()
             raise
 
-    def _wait_ready(self, workers: int) -> None:
+    def _wait_ready(self, workers: int, smtp_processes: int) -> None:
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 60)
         line = self.proc.stdout.readline() if ready else b""
@@ -397,8 +406,9 @@ class SpoolServe:
 
         def all_up() -> bool:
             with connect(self.directory) as client:
-                up = [w for w in client.status()["workers"] if w["pid"]]
-            return len(up) == workers
+                status = client.status()
+            up = [w for w in status["workers"] if w["pid"]]
+            return len(up) == workers and len(status["smtp_processes"]) == smtp_processes
 
         _deadline_wait("the spool's workers", all_up, 60, 0.05)
         _deadline_wait("the spool's SMTP listener", lambda: _listening(self.port), 30)
@@ -528,9 +538,10 @@ class Bench:
                 port, offset = a.postfix_port, pf.log_offset()
                 cpu0 = _cgroup_cpu(pf.cgroup)
             else:
-                workers = int(system.split("w")[-1])
+                workers, smtp_processes = _spool_variant(system)
                 self.spool = SpoolServe(self.scratch, str(self.count), a.spool_port,
-                                        a.sink_port, workers, a.max_use)  # fmt: skip
+                                        a.sink_port, workers, a.max_use,
+                                        smtp_processes)  # fmt: skip
                 port = a.spool_port
                 stats0 = self.spool.statistics()
                 cpu0, owner0 = self.spool.cpu(), self.spool.owner_cpu()
@@ -618,6 +629,15 @@ class Bench:
 
 
 # ---------------------------------------------------------------- the table
+
+
+def _spool_variant(system: str) -> tuple[int, int]:
+    """``spool wN`` or ``spool wN sM``: N workers, M SMTP front-end processes (0: the
+    listeners in the owner's process)."""
+    words = system.split()
+    workers = int(words[1].removeprefix("w"))
+    smtp = int(words[2].removeprefix("s")) if len(words) > 2 else 0
+    return workers, smtp
 
 
 def _median(values: list[float]) -> float | None:
@@ -750,7 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=4096, help="message size in bytes [4096]")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds [3]")
     p.add_argument("--workers", type=_ints, default=[2, 4], help="spool variants [2,4]")
-    p.add_argument("--max-use", type=int, default=100, help="spool serve --max-use [100]")
+    p.add_argument("--max-use", type=int, default=1000, help="spool serve --max-use [1000]")
+    p.add_argument("--smtp", type=_ints, default=[0, 2],
+                   help="spool serve --smtp-processes variants, comma list [0,2]")  # fmt: skip
     p.add_argument("--warmup", type=int, default=1000, help="Postfix warm-up messages [1000]")
     p.add_argument("--timeout", type=float, default=900, help="deadline per phase, s [900]")
     p.add_argument("--postfix-port", type=int, default=2525)
@@ -775,7 +797,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need 1 <= --messages <= 1000000, --size > 0, --repeats > 0")
     if not args.sessions or any(not 1 <= s <= 500 for s in args.sessions):
         p.error("--sessions must be 1..500")
-    systems = [POSTFIX, *(f"spool w{w}" for w in args.workers)]
+    systems = [
+        POSTFIX,
+        *(f"spool w{w}" + (f" s{m}" if m else "") for w in args.workers for m in args.smtp),
+    ]
     trials: list[Trial] = []
     bench = Bench(args)
     try:
