@@ -320,6 +320,9 @@ def status(directory: str, as_json: bool) -> None:
         pid = "(restarting)" if w["pid"] is None else f"pid {w['pid']}"
         holding = ", ".join(w["in_flight"]) or "-"
         click.echo(f"  worker {w['slot']}: {pid}, {w['attempts_done']} attempts, on {holding}")
+    if info.get("smtp_processes"):  # an owner from before them has no such field
+        pids = ", ".join(str(p) for p in info["smtp_processes"])
+        click.echo(f"smtp processes: {len(info['smtp_processes'])} (pids {pids})")
     click.echo(
         "since start: accepted {accepted}, delivered {delivered}, deferred {deferred}, "
         "failed {failed}, expired {expired} (recipients); {in_flight} in flight; "

@@ -72,6 +72,11 @@ def test_sessions_through_front_end_processes_are_queued_as_in_process(tmp_path:
             assert smtp.rcpt("b@example.net")[0] == 503  # no MAIL yet: aiosmtpd's order
         with spool.connect(d) as client:
             assert client.status()["smtp_processes"] == smtp_pids(proc.pid)
+        from tests.serve.test_cli_with_owner import spool_cmd
+
+        status = spool_cmd("status", d)
+        assert status.returncode == 0, status.stderr
+        assert "smtp processes: 2 (pids " in status.stdout
     with Spool.open(d) as sp:
         assert sorted(e.msg_id for e in sp.list()) == sorted(ids)
         assert announced == sp.options.max_message_size - (512 + 255 + len("mx.test"))
