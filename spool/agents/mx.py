@@ -69,7 +69,13 @@ class MxAgent:
         nameserver: tuple[str, int] | None = None,
     ) -> None:
         self.port, self.tls, self.cafile = port, tls, cafile
-        resolver = dns.resolver.Resolver(configure=nameserver is None)
+        try:
+            resolver = dns.resolver.Resolver(configure=nameserver is None)
+        except dns.resolver.NoResolverConfiguration:
+            raise SpoolMisuse(
+                "the system names no DNS resolver (/etc/resolv.conf): give one with "
+                "mx:nameserver=IP[:PORT]"
+            ) from None
         if nameserver is not None:
             resolver.nameservers = [nameserver[0]]
             resolver.port = nameserver[1]
@@ -159,7 +165,7 @@ def make(argument: str) -> MxAgent:
     head, sep, cafile = ("," + argument).partition(",cafile=")
     if sep:
         fields["cafile"] = cafile
-    for option in head.split(",")[1:]:
+    for option in head[1:].split(",") if head[1:] else []:
         name, eq, value = option.partition("=")
         if not eq or name not in ("port", "tls", "nameserver") or name in fields or not value:
             raise SpoolMisuse(f"{option!r}: give the agent as {USAGE}")

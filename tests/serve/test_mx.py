@@ -153,6 +153,13 @@ def test_bad_options_are_refused_when_the_agent_is_made(spec: str, says: str) ->
         load_agent(spec)
 
 
+def test_the_bare_spec_takes_the_systems_resolvers() -> None:
+    agent = load_agent("mx")
+    assert isinstance(agent, MxAgent) and (agent.port, agent.tls) == (25, "may")
+    with pytest.raises(SpoolMisuse, match="give the agent as mx"):
+        load_agent("mx:port=25,,tls=may")
+
+
 def test_nameserver_forms() -> None:
     for text, expected in [
         ("127.0.0.1", ("127.0.0.1", 53)),
