@@ -198,7 +198,9 @@ async def serve_sockets(
 @click.option("--hostname", required=True, help="The name greeted with and written in Received.")
 @click.option("--max-recipients", type=int, required=True)
 @click.option("--size-limit", type=int, required=True, help="SIZE, in bytes.")
-@click.option("--mynetworks", multiple=True, help="Clients that may relay anywhere.")
+@click.option(
+    "--mynetworks", multiple=True, help="Clients that may relay anywhere [default: none]."
+)
 @click.option("--relay-domain", "relay_domains", multiple=True)
 @click.option("--tls-cert", type=click.Path(dir_okay=False))
 @click.option("--tls-key", type=click.Path(dir_okay=False))
@@ -233,7 +235,7 @@ def main(
                 hostname=hostname,
                 max_recipients=max_recipients,
                 size=size_limit,
-                mynetworks=mynetworks or LOOPBACK,
+                mynetworks=mynetworks,  # the owner's list, passed whole (empty: nobody)
                 relay_domains=relay_domains,
                 tls=tls,
             )

@@ -14,7 +14,7 @@ Specs: ``demo``, ``maildir:PATH``, ``pipe:COMMAND``, ``smtp:HOST:PORT``, ``route
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from spool.attempts import MessageEnvelope
@@ -34,6 +34,16 @@ def status_of(reply: str) -> str:
     2 and 5 defers: a reply the agent could not classify is retried, never lost)."""
     first = reply[:1]
     return "delivered" if first == "2" else "failed" if first == "5" else "deferred"
+
+
+def each_group(send: Callable[[], Replies], part: MessageEnvelope) -> Replies:
+    """``send()``'s replies for one group of a message's recipients; an agent error
+    defers that group only, so that the groups already sent keep their replies (else the
+    whole message would be deferred and its delivered recipients sent again)."""
+    try:
+        return send()
+    except Exception as e:  # the agent's own failure: this group waits, never is lost
+        return dict.fromkeys(part.recipients, f"451 4.3.0 delivery agent error: {e!r}"[:900])
 
 
 AGENTS = {

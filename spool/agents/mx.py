@@ -13,10 +13,13 @@ agent is chosen: a smarthost (``smtp:``) or a transport map (``routes:``) needs 
   ``smtp_mx_address_limit``). An address that cannot be reached, times out, drops the
   session or fails the TLS level is left for the next; the last one's reason defers the
   group when none is left.
+- An address literal (``x@[192.0.2.1]``, ``x@[IPv6:2001:db8::1]``) is its own exchanger.
+- Each domain is its own group: an error in one (an agent failure, a timeout) defers that
+  group only, never the groups already sent (``each_group``).
 - Replies of the domain's own making: a domain that does not exist (NXDOMAIN) fails
   ``550 5.1.2``; a null MX (RFC 7505) fails ``556 5.1.10``; exchangers without an
   address fail ``550 5.4.4``; a lookup that fails for now (SERVFAIL, a timeout) defers
-  ``451 4.4.3``.
+  ``451 4.4.3``; all the lookups of one domain take at most ``DOMAIN_BUDGET`` seconds.
 
 Options, comma-separated after ``mx:``: ``port=N`` (25), ``tls=LEVEL`` and
 ``cafile=PEM`` (as the ``smtp`` agent), ``nameserver=IP[:PORT]`` (the system's resolvers
@@ -25,15 +28,17 @@ by default).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import random
 import smtplib
+import time
 from typing import Final
 
 import attrs
 
 from spool.addresses import domain_of
-from spool.agents import Replies
+from spool.agents import Replies, each_group
 from spool.agents.smtp import TLS_LEVELS, SmtpAgent, TlsRefused, port_number, tls_context
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
@@ -46,6 +51,7 @@ except ImportError:  # the [mx] extra is not installed: ``make`` says so
 
 ADDRESS_LIMIT: Final = 5  # exchanger addresses tried per delivery, as Postfix
 LIFETIME: Final = 30.0  # seconds a lookup may take, all its nameservers and retries
+DOMAIN_BUDGET: Final = 60.0  # seconds all the lookups of one domain may take together
 USAGE: Final = "mx[:port=N][,tls=LEVEL][,cafile=PEM][,nameserver=IP[:PORT]]"
 
 
@@ -91,7 +97,8 @@ class MxAgent:
         replies: dict[str, str] = {}
         for domain, rcpts in groups.items():
             part = attrs.evolve(envelope, recipients=tuple(rcpts))
-            replies.update(self._to_domain(domain, part, data))
+            send = functools.partial(self._to_domain, domain, part, data)
+            replies.update(each_group(send, part))
         return replies
 
     def _to_domain(self, domain: str, part: MessageEnvelope, data: bytes) -> Replies:
@@ -117,44 +124,76 @@ class MxAgent:
 
     def exchangers(self, domain: str) -> list[Exchanger] | str:
         """The addresses to try for ``domain``, in order, or the reply that settles its
-        recipients without a connection."""
+        recipients without a connection. All its lookups together take at most
+        ``DOMAIN_BUDGET`` seconds."""
+        if domain.startswith("["):
+            return _literal(domain)
+        deadline = time.monotonic() + DOMAIN_BUDGET
         try:
-            answer = self.resolver.resolve(domain, "MX")
+            answer = self._resolve(domain, "MX", deadline)
             records = [(r.preference, r.exchange.to_text(omit_final_dot=True)) for r in answer]
         except dns.resolver.NXDOMAIN:
             return f"550 5.1.2 {domain}: no such domain (DNS says NXDOMAIN)"
         except dns.resolver.NoAnswer:
             records = [(0, domain)]  # no MX: the domain is its own exchanger
         except dns.exception.DNSException as e:
-            return f"451 4.4.3 DNS lookup of {domain} MX failed: {e}"[:900]
+            return f"451 4.4.3 DNS lookup of {domain} MX failed: {_said(e)}"
         if any(name in ("", ".") for _, name in records):
             return f"556 5.1.10 {domain} accepts no mail (null MX, RFC 7505)"
         random.shuffle(records)  # then sorted by preference: ties in random order
         records.sort(key=lambda r: r[0])
         found: list[Exchanger] = []
-        failed = None
+        failed: str | None = None  # why a lookup failed for now, if one did
         for _preference, name in records:
             for rdtype in ("A", "AAAA"):
+                if time.monotonic() >= deadline:
+                    failed = failed or "timed out"
+                    break
                 try:
-                    addresses = self.resolver.resolve(name, rdtype)
+                    addresses = self._resolve(name, rdtype, deadline)
                 except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
                     continue
                 except dns.exception.DNSException as e:
-                    failed = e
+                    failed = _said(e)
                     continue
                 found += [Exchanger(name, r.address) for r in addresses]
             if len(found) >= ADDRESS_LIMIT:
                 break
         if found:
-            return found[:ADDRESS_LIMIT]
+            return list(dict.fromkeys(found))[:ADDRESS_LIMIT]  # an address listed twice once
         if failed is not None:
-            return f"451 4.4.3 DNS lookup of the exchangers of {domain} failed: {failed}"[:900]
+            return f"451 4.4.3 DNS lookup of the exchangers of {domain} failed: {failed}"
         return f"550 5.4.4 {domain}: no address for its mail exchangers"
+
+    def _resolve(self, name: str, rdtype: str, deadline: float) -> dns.resolver.Answer:
+        """One lookup, within what is left of the domain's budget."""
+        left = max(0.1, min(LIFETIME, deadline - time.monotonic()))
+        return self.resolver.resolve(name, rdtype, lifetime=left)
 
     def close(self) -> None:
         for agent in self._agents.values():
             agent.close()
         self._agents.clear()
+
+
+def _literal(domain: str) -> list[Exchanger] | str:
+    """An address literal (RFC 5321 4.1.3): that address is the exchanger."""
+    inner = domain[1:-1] if domain.endswith("]") else ""
+    inner = inner[5:] if inner.lower().startswith("ipv6:") else inner
+    try:
+        address = str(ipaddress.ip_address(inner))
+    except ValueError:
+        return f"550 5.1.2 {domain}: not an address literal this agent can reach"
+    return [Exchanger(address, address)]
+
+
+def _said(e: Exception) -> str:
+    """A DNS failure in a few words (dnspython's texts list every server and try)."""
+    if isinstance(e, dns.exception.Timeout):
+        return "timed out"
+    if isinstance(e, dns.resolver.NoNameservers):
+        return "no nameserver answered (SERVFAIL or refused)"
+    return str(e)[:200]
 
 
 def make(argument: str) -> MxAgent:

@@ -19,12 +19,13 @@ read when the agent starts: each worker replaced (``--max-use``) reads it again.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import attrs
 
 from spool.addresses import check_mailbox, domain_of
-from spool.agents import Replies
+from spool.agents import Replies, each_group
 from spool.agents.smtp import NextHop, SmtpAgent, parse_next_hop
 from spool.attempts import MessageEnvelope
 from spool.errors import InvalidAddress, SpoolMisuse
@@ -106,7 +107,7 @@ class RoutingAgent:
                     hop.host, hop.port, tls=hop.tls, cafile=hop.cafile
                 )
             part = attrs.evolve(envelope, recipients=tuple(rcpts))
-            replies.update(agent.deliver(part, data))
+            replies.update(each_group(functools.partial(agent.deliver, part, data), part))
         return replies
 
     def close(self) -> None:

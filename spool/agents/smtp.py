@@ -23,7 +23,9 @@ TLS, as Postfix's ``smtp_tls_security_level``, given after the port
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
+import re
 import smtplib
 import socket
 import ssl
@@ -31,6 +33,7 @@ from typing import Final, NoReturn
 
 import attrs
 
+from spool.addresses import ascii_form, needs_smtputf8
 from spool.agents import Replies
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
@@ -57,10 +60,10 @@ def parse_next_hop(text: str, usage: str = "smtp:HOST:PORT[,tls=LEVEL][,cafile=P
     head, sep, cafile = text.partition(",cafile=")
     target, *options = head.split(",")
     host, _, port_text = target.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
     port = port_number(port_text)
-    if not host or host != host.strip() or any(c.isspace() for c in host) or port is None:
+    if port is None or not _host_ok(host):
         raise SpoolMisuse(f"the next hop must be {usage}, not {text!r}")
+    host = host.removeprefix("[").removesuffix("]")
     fields: dict[str, str] = {}
     for option in options:
         name, eq, value = option.partition("=")
@@ -77,11 +80,30 @@ def parse_next_hop(text: str, usage: str = "smtp:HOST:PORT[,tls=LEVEL][,cafile=P
     return NextHop(host, port, tls, cafile or None)
 
 
+_HOST_NAME: Final = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
+
+def _host_ok(host: str) -> bool:
+    """A host name, an IP address, or an IP address in brackets."""
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else None
+    try:
+        ipaddress.ip_address(host if inner is None else inner)
+        return True
+    except ValueError:
+        return inner is None and _HOST_NAME.fullmatch(host) is not None
+
+
 def port_number(text: str) -> int | None:
     """``text`` as a TCP port (1 to 65535, ASCII digits only), or None."""
     if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
         return None
     return int(text)
+
+
+def _as_sent(address: str) -> str:
+    """``address`` for MAIL or RCPT: its domain in A-labels, its local part as it is (a
+    non-ASCII one goes only where SMTPUTF8 is offered)."""
+    return address if not address or needs_smtputf8(address) else ascii_form(address) or address
 
 
 class _PlainFromNowOn(Exception):
@@ -203,6 +225,10 @@ class SmtpAgent:
         except (TlsRefused, smtplib.SMTPException, OSError) as e:
             return dict.fromkeys(envelope.recipients, self.failure_reply(e))
 
+    def _where(self) -> str:
+        host = self.host if self.address is None else f"{self.host}[{self.address}]"
+        return f"{host}:{self.port}"
+
     def failure_reply(self, e: Exception) -> str:
         """The reply that defers the recipients of a transaction ``e`` ended (the
         connection dropped, so that the next transaction opens a new one)."""
@@ -211,8 +237,7 @@ class SmtpAgent:
             return e.reply
         timed_out = isinstance(e, socket.timeout | TimeoutError)
         code = "451 4.4.2 timed out talking to" if timed_out else "451 4.4.1 cannot reach"
-        where = self.host if self.address is None else f"{self.host}[{self.address}]"
-        return f"{code} {where}:{self.port}: {e}"[:900]
+        return f"{code} {self._where()}: {e}"[:900]
 
     def transaction(self, envelope: MessageEnvelope, data: bytes) -> Replies:
         """One SMTP transaction: each recipient's reply. Raises what ended the session
@@ -224,14 +249,25 @@ class SmtpAgent:
             self._drop()
             smtp = self._connection()
         text: bytes | str
-        code, text = smtp.mail(envelope.sender)
+        # Addresses as the next hop can take them (RFC 6531): domains in A-labels; a
+        # non-ASCII local part only with SMTPUTF8, which it must offer.
+        utf8 = smtp.has_extn("smtputf8")
+        refused = f"553 5.6.7 SMTPUTF8 is required, but was not offered by {self._where()}"
+        if needs_smtputf8(envelope.sender) and not utf8:
+            return dict.fromkeys(envelope.recipients, refused)
+        needed = bool(envelope.smtputf8_recipients)
+        options = ["SMTPUTF8"] if needed and utf8 else []
+        code, text = smtp.mail(_as_sent(envelope.sender), options)
         if code != 250:
             smtp.rset()
             return {r: _reply(code, text) for r in envelope.recipients}
         replies: dict[str, str] = {}
         accepted = []
         for rcpt in envelope.recipients:
-            code, text = smtp.rcpt(rcpt)
+            if needs_smtputf8(rcpt) and not utf8:
+                replies[rcpt] = refused
+                continue
+            code, text = smtp.rcpt(_as_sent(rcpt))
             if code in (250, 251):
                 accepted.append(rcpt)
             else:

@@ -16,10 +16,16 @@ Zone = dict[str, dict[str, list[str]]]  # name -> record type -> record texts
 
 class DnsServer:
     """Answers from ``zone`` (names with their final dot, lower case): a name not in it
-    is NXDOMAIN, a type it lacks an empty answer, a name in ``servfail`` SERVFAIL."""
+    is NXDOMAIN, a type it lacks an empty answer, a name in ``servfail`` SERVFAIL, and a
+    name in ``silent`` nothing at all."""
 
-    def __init__(self, zone: Zone, servfail: frozenset[str] = frozenset()) -> None:
-        self.zone, self.servfail = zone, servfail
+    def __init__(
+        self,
+        zone: Zone,
+        servfail: frozenset[str] = frozenset(),
+        silent: frozenset[str] = frozenset(),
+    ) -> None:
+        self.zone, self.servfail, self.silent = zone, servfail, silent
         self.queries: list[tuple[str, str]] = []
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind(("127.0.0.1", 0))
@@ -49,6 +55,8 @@ class DnsServer:
             name = question.name.to_text().lower()
             rdtype = dns.rdatatype.to_text(question.rdtype)
             self.queries.append((name, rdtype))
+            if name in self.silent:
+                continue  # a server that never answers for it
             if name in self.servfail:
                 response.set_rcode(dns.rcode.SERVFAIL)
             elif name not in self.zone:

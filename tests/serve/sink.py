@@ -59,12 +59,16 @@ def free_port() -> int:
         return port
 
 
-def start_sink(tls: ssl.SSLContext | None = None) -> tuple[Controller, Recorder, int]:
+def start_sink(
+    tls: ssl.SSLContext | None = None, *, utf8: bool = False
+) -> tuple[Controller, Recorder, int]:
     """A running sink, its recorder and its port; ``controller.stop()`` when done. With
-    ``tls``, the sink offers STARTTLS with that context."""
+    ``tls``, the sink offers STARTTLS with that context; with ``utf8``, SMTPUTF8."""
     recorder = Recorder()
     port = free_port()
-    controller = Controller(recorder, hostname="127.0.0.1", port=port, tls_context=tls)
+    controller = Controller(
+        recorder, hostname="127.0.0.1", port=port, tls_context=tls, enable_SMTPUTF8=utf8
+    )
     controller.start()
     return controller, recorder, port
 

@@ -11,7 +11,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 import spool
-from spool.agents import load_agent
+from spool.agents import each_group, load_agent, mx
 from spool.agents.mx import MxAgent
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
@@ -193,3 +193,68 @@ def test_workers_relay_to_each_domains_exchanger(
     assert sorted(r for _f, rcpts, _d in recorder.received for r in rcpts) == sorted(
         f"r{i}@backup.test" for i in range(6)
     )
+
+
+def test_a_recipient_one_domain_cannot_take_leaves_the_others_delivered(
+    dns_server: DnsServer, sink: tuple[Recorder, int]
+) -> None:
+    # Found by review: a non-ASCII local part raised in smtplib for its domain after the
+    # other domain had been sent; the whole message was deferred and the delivered
+    # recipient sent again on every retry.
+    recorder, port = sink  # no SMTPUTF8 offered
+    agent = agent_for(dns_server, port)
+    try:
+        replies = agent.deliver(envelope("x@backup.test", "ü@implicit.test"), DATA)
+    finally:
+        agent.close()
+    assert replies["x@backup.test"] == OK
+    assert replies["ü@implicit.test"].startswith("553 5.6.7 SMTPUTF8 is required")
+    assert [rcpts for _f, rcpts, _d in recorder.received] == [("x@backup.test",)]
+
+
+def test_an_agent_error_in_one_group_defers_that_group_only() -> None:
+    part = envelope("a@one.test")
+    assert each_group(lambda: {"a@one.test": OK}, part) == {"a@one.test": OK}
+
+    def broken() -> dict[str, str]:
+        raise UnicodeEncodeError("ascii", "ü", 0, 1, "not ASCII")
+
+    [reply] = each_group(broken, part).values()
+    assert reply.startswith("451 4.3.0 delivery agent error: UnicodeEncodeError")
+
+
+def test_an_address_literal_is_its_own_exchanger(
+    dns_server: DnsServer, sink: tuple[Recorder, int]
+) -> None:
+    # Found by review: x@[127.0.0.1] was looked up as a domain and bounced (NXDOMAIN).
+    recorder, port = sink
+    agent = agent_for(dns_server, port)
+    try:
+        replies = agent.deliver(envelope("x@[127.0.0.1]", "y@[IPv6:::2]", "z@[bad]"), DATA)
+    finally:
+        agent.close()
+    assert replies["x@[127.0.0.1]"] == OK
+    assert replies["y@[IPv6:::2]"].startswith("451 4.4.1 cannot reach ::2[::2]")
+    assert replies["z@[bad]"].startswith("550 5.1.2 [bad]: not an address literal")
+    assert [rcpts for _f, rcpts, _d in recorder.received] == [("x@[127.0.0.1]",)]
+    assert not any(name.startswith("[") for name, _t in dns_server.queries)
+
+
+def test_a_silent_nameserver_costs_a_domain_its_budget_not_more(
+    sink: tuple[Recorder, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by review: each lookup had 30 s, so three silent exchangers held a worker
+    # 192 s for one domain, long enough to reach an attempt's lease with several.
+    monkeypatch.setattr(mx, "DOMAIN_BUDGET", 2.0)
+    zone = {"slow.test.": {"MX": ["10 a.slow.test.", "20 b.slow.test.", "30 c.slow.test."]}}
+    silent = frozenset({"a.slow.test.", "b.slow.test.", "c.slow.test."})
+    _recorder, port = sink
+    with DnsServer(zone, silent=silent) as server:
+        agent = agent_for(server, port)
+        started = time.monotonic()
+        try:
+            [reply] = agent.deliver(envelope("x@slow.test"), DATA).values()
+        finally:
+            agent.close()
+    assert time.monotonic() - started < 6
+    assert reply == "451 4.4.3 DNS lookup of the exchangers of slow.test failed: timed out"

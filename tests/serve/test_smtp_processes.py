@@ -163,3 +163,30 @@ def test_a_number_of_processes_out_of_range_is_refused(tmp_path: Path, processes
         capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and "--smtp-processes" in done.stderr
+
+
+def test_a_front_end_process_given_no_networks_trusts_nobody(tmp_path: Path) -> None:
+    # Found by review: given no --mynetworks, the process trusted loopback, where the
+    # owner (serve(mynetworks=[])) trusted nobody: an open relay to loopback clients.
+    from spool.smtp_process import bind_listener
+
+    d = str(tmp_path / "spool")
+    listener = bind_listener("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    with owner(d):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "spool.smtp_process", d, "--fd", str(listener.fileno()),
+             "--hostname", "mx.test", "--max-recipients", "10", "--size-limit", "100000",
+             "--relay-domain", "ours.example"],
+            pass_fds=[listener.fileno()], env=child_env(), cwd=ROOT,
+        )  # fmt: skip
+        try:
+            with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
+                smtp.ehlo()
+                smtp.mail("a@example.org")
+                assert smtp.rcpt("b@elsewhere.example")[0] == 554  # relaying refused
+                assert smtp.rcpt("b@ours.example")[0] == 250  # a relay domain is taken
+        finally:
+            child.terminate()
+            assert child.wait(30) == 0
+            listener.close()

@@ -235,7 +235,7 @@ def test_may_falls_back_at_once_when_a_reused_connection_meets_a_failed_handshak
 
 
 def test_next_hops_are_parsed_strictly_and_a_cafile_may_hold_commas() -> None:
-    for bad in ("h:²", "[]:25", " h :25", "h :25", "h:25,cafile="):
+    for bad in ("h:²", "[]:25", " h :25", "h :25", "h:25,cafile=", "h]:25", "a/b:25", "[h]:25"):
         with pytest.raises(SpoolMisuse):
             parse_next_hop(bad)
     hop = parse_next_hop("[::1]:25,tls=verify,cafile=/etc/ssl/a,b.pem")
