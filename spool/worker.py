@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import click
@@ -48,32 +49,67 @@ log = logging.getLogger("spool.worker")
 
 
 def deliver_one(agent: Agent, attempt: RemoteAttempt) -> None:
-    """One attempt through the agent, reported recipient by recipient, then closed."""
+    """One attempt through the agent, reported recipient by recipient, then closed.
+
+    An agent that sends a message in groups (one per domain or next hop: ``mx``,
+    ``routes``; ``reports_groups``) hands each group's replies over as it finishes it,
+    and its delivered and failed recipients are reported (durable) before the next group
+    is sent: a worker killed later (its lease, a crash) leaves them settled, so that no
+    retry sends them again."""
     with attempt:
         envelope = attempt.envelope
+        settled: set[str] = set()
+
+        def report_early(group: Mapping[str, str]) -> None:
+            final = {
+                r: reply
+                for r, reply in group.items()
+                if r in envelope.recipients
+                and r not in settled
+                and _well_formed(reply)
+                and status_of(reply) != "deferred"
+            }
+            for (status, reply), rcpts in _grouped(envelope.recipients, final, attempt):
+                getattr(attempt, status)(rcpts, reply)  # durable on return
+            settled.update(final)
+
         try:
-            replies = dict(agent.deliver(envelope, attempt.read_data()))
+            if getattr(agent, "reports_groups", False):
+                sent = agent.deliver(envelope, attempt.read_data(), report_early)  # type: ignore[call-arg]
+            else:
+                sent = agent.deliver(envelope, attempt.read_data())
+            replies = {r: reply for r, reply in sent.items() if r not in settled}
         except SpoolError:
             raise
         except Exception as e:  # the agent's own failure defers, never loses, the mail
             log.warning("%s: agent raised %r; recipients deferred", attempt.msg_id, e)
             replies = {
-                r: f"451 4.3.0 delivery agent error: {e!r}"[:900] for r in envelope.recipients
+                r: f"451 4.3.0 delivery agent error: {e!r}"[:900]
+                for r in envelope.recipients
+                if r not in settled
             }
-        groups: dict[tuple[str, str], list[str]] = {}
-        for rcpt in envelope.recipients:
-            reply = replies.get(rcpt)
-            if reply is None:
-                continue
-            if not _well_formed(reply):
-                # An agent bug must not be taken for a delivery: retried later.
-                log.warning("%s: agent gave %r for %s; deferred", attempt.msg_id, reply, rcpt)
-                reply = BAD_REPLY
-            groups.setdefault((status_of(reply), reply), []).append(rcpt)
         # Durable outcomes first, then the deferrals, and the close, in one round trip;
         # recipients the agent left out are deferred by the close.
-        order = sorted(groups.items(), key=lambda g: g[0][0] == "deferred")
+        groups = _grouped(envelope.recipients, replies, attempt)
+        order = sorted(groups, key=lambda g: g[0][0] == "deferred")
         attempt.settle((status, rcpts, reply) for (status, reply), rcpts in order)
+
+
+def _grouped(
+    recipients: Sequence[str], replies: Mapping[str, str], attempt: RemoteAttempt
+) -> list[tuple[tuple[str, str], list[str]]]:
+    """``replies`` as ((status, reply), recipients) in the envelope's order; a reply that
+    is no SMTP reply line defers (an agent bug must not be taken for a delivery)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for rcpt in recipients:
+        reply = replies.get(rcpt)
+        if reply is None:
+            continue
+        if not _well_formed(reply):
+            log.warning("%s: agent gave %r for %s; deferred", attempt.msg_id, reply, rcpt)
+            reply = BAD_REPLY
+        groups.setdefault((status_of(reply), reply), []).append(rcpt)
+    return list(groups.items())
 
 
 class Budget:

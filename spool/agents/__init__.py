@@ -29,6 +29,14 @@ class Agent(Protocol):
     def close(self) -> None: ...
 
 
+# An agent that sends a message in groups (one per domain or next hop) may say so with a
+# true ``reports_groups`` attribute: it is then called ``deliver(envelope, data, report)``
+# and calls ``report(replies)`` with each group's replies as soon as that group is done;
+# the worker makes their delivered and failed outcomes durable before it returns, so that
+# a worker killed in a later group (its lease) never has them sent again.
+Report = Callable[[Replies], None]
+
+
 def status_of(reply: str) -> str:
     """``delivered``, ``deferred`` or ``failed`` by the reply's first digit (anything but
     2 and 5 defers: a reply the agent could not classify is retried, never lost)."""

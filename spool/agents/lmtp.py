@@ -36,9 +36,16 @@ class LmtpAgent(SmtpAgent):
         if not body.endswith(b"\r\n"):
             body += b"\r\n"
         smtp.send(body + b".\r\n")
-        replies = {}
+        replies: dict[str, str] = {}
         for rcpt in accepted:  # one reply per accepted recipient, in RCPT order
-            code, text = smtp.getreply()
+            try:
+                code, text = smtp.getreply()
+            except (OSError, smtplib.SMTPException) as e:
+                # Cut short: each reply already read stands (a 250 is a delivery); the
+                # recipients still waiting for theirs are deferred, the session dropped.
+                left = self.failure_reply(e)
+                replies.update((r, left) for r in accepted if r not in replies)
+                return replies
             replies[rcpt] = _reply(code, text)
         return replies
 

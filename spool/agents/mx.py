@@ -38,7 +38,7 @@ from typing import Final
 import attrs
 
 from spool.addresses import domain_of
-from spool.agents import Replies, each_group
+from spool.agents import Replies, Report, each_group
 from spool.agents.smtp import TLS_LEVELS, SmtpAgent, TlsRefused, port_number, tls_context
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
@@ -90,7 +90,11 @@ class MxAgent:
         self.resolver = resolver
         self._agents: dict[Exchanger, SmtpAgent] = {}
 
-    def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
+    reports_groups = True  # each domain's replies reported as it is done (spool.agents)
+
+    def deliver(
+        self, envelope: MessageEnvelope, data: bytes, report: Report | None = None
+    ) -> Replies:
         groups: dict[str, list[str]] = {}
         for rcpt in envelope.recipients:
             groups.setdefault(domain_of(rcpt), []).append(rcpt)
@@ -98,7 +102,10 @@ class MxAgent:
         for domain, rcpts in groups.items():
             part = attrs.evolve(envelope, recipients=tuple(rcpts))
             send = functools.partial(self._to_domain, domain, part, data)
-            replies.update(each_group(send, part))
+            done = each_group(send, part)
+            replies.update(done)
+            if report is not None:
+                report(done)
         return replies
 
     def _to_domain(self, domain: str, part: MessageEnvelope, data: bytes) -> Replies:
@@ -160,7 +167,8 @@ class MxAgent:
             if len(found) >= ADDRESS_LIMIT:
                 break
         if found:
-            return list(dict.fromkeys(found))[:ADDRESS_LIMIT]  # an address listed twice once
+            unique = {e.address: e for e in reversed(found)}  # an address under two names
+            return [e for e in found if unique[e.address] is e][:ADDRESS_LIMIT]
         if failed is not None:
             return f"451 4.4.3 DNS lookup of the exchangers of {domain} failed: {failed}"
         return f"550 5.4.4 {domain}: no address for its mail exchangers"

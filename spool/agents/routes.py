@@ -25,8 +25,8 @@ from collections.abc import Mapping
 import attrs
 
 from spool.addresses import check_mailbox, domain_of
-from spool.agents import Replies, each_group
-from spool.agents.smtp import NextHop, SmtpAgent, parse_next_hop
+from spool.agents import Replies, Report, each_group
+from spool.agents.smtp import NextHop, SmtpAgent, parse_next_hop, tls_context
 from spool.attempts import MessageEnvelope
 from spool.errors import InvalidAddress, SpoolMisuse
 
@@ -51,6 +51,8 @@ def parse_transport_map(text: str, source: str = "transport map") -> dict[str, N
             raise SpoolMisuse(f"{where}: the next hop must be smtp:HOST:PORT, not {hop!r}")
         try:
             next_hop = parse_next_hop(target)
+            if next_hop.cafile is not None:  # one that cannot be read: refused now
+                tls_context(next_hop.tls, next_hop.cafile)
         except SpoolMisuse as e:
             raise SpoolMisuse(f"{where}: {e}") from None
         key = pattern if pattern == "*" else _domain_key(pattern, where)
@@ -90,7 +92,11 @@ class RoutingAgent:
         self.source = source
         self._hops: dict[NextHop, SmtpAgent] = {}
 
-    def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
+    reports_groups = True  # each next hop's replies reported as it is done (spool.agents)
+
+    def deliver(
+        self, envelope: MessageEnvelope, data: bytes, report: Report | None = None
+    ) -> Replies:
         groups: dict[NextHop, list[str]] = {}
         replies: dict[str, str] = {}
         for rcpt in envelope.recipients:
@@ -101,14 +107,18 @@ class RoutingAgent:
             else:
                 groups.setdefault(hop, []).append(rcpt)
         for hop, rcpts in groups.items():
-            agent = self._hops.get(hop)
-            if agent is None:
-                agent = self._hops[hop] = SmtpAgent(
-                    hop.host, hop.port, tls=hop.tls, cafile=hop.cafile
-                )
             part = attrs.evolve(envelope, recipients=tuple(rcpts))
-            replies.update(each_group(functools.partial(agent.deliver, part, data), part))
+            done = each_group(functools.partial(self._to_hop, hop, part, data), part)
+            replies.update(done)
+            if report is not None:
+                report(done)
         return replies
+
+    def _to_hop(self, hop: NextHop, part: MessageEnvelope, data: bytes) -> Replies:
+        agent = self._hops.get(hop)
+        if agent is None:
+            agent = self._hops[hop] = SmtpAgent(hop.host, hop.port, tls=hop.tls, cafile=hop.cafile)
+        return agent.deliver(part, data)
 
     def close(self) -> None:
         for agent in self._hops.values():

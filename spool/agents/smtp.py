@@ -40,6 +40,7 @@ from spool.errors import SpoolMisuse
 
 log = logging.getLogger("spool.smtp")
 TIMEOUT: Final = 300.0  # seconds per command, as Postfix's smtp_data_done_timeout
+CONNECT_TIMEOUT: Final = 30.0  # seconds for the TCP connect, as smtp_connect_timeout
 TLS_LEVELS: Final = ("none", "may", "encrypt", "verify")
 
 
@@ -146,19 +147,20 @@ class SmtpAgent:
         self._smtp: smtplib.SMTP | None = None
 
     def _connect(self) -> smtplib.SMTP:
-        """A new session, greeted (EHLO), not yet under TLS."""
-        if self.address is None:
-            smtp = smtplib.SMTP(self.host, self.port, timeout=self.timeout)
-        else:
-            smtp = smtplib.SMTP(timeout=self.timeout)
-            code, text = smtp.connect(self.address, self.port)
-            # The name STARTTLS sends (SNI) and checks the certificate against: smtplib
-            # takes it from connect()'s host, here an address.
-            smtp._host = self.host  # type: ignore[attr-defined]
-            if code != 220:
-                smtp.close()
-                raise smtplib.SMTPConnectError(code, text)
+        """A new session, greeted (EHLO), not yet under TLS. The TCP connect may take
+        ``CONNECT_TIMEOUT`` (Postfix's ``smtp_connect_timeout``), every reply ``timeout``:
+        an exchanger that drops packets costs 30 s, not 300."""
+        where = (self.address or self.host, self.port)
+        sock = socket.create_connection(where, min(self.timeout, CONNECT_TIMEOUT))
+        smtp = smtplib.SMTP(timeout=self.timeout)
         try:
+            sock.settimeout(self.timeout)
+            smtp.sock = sock  # as smtplib's connect() does, with a socket of ours
+            # The name STARTTLS sends (SNI) and checks the certificate against.
+            smtp._host = self.host  # type: ignore[attr-defined]
+            code, text = smtp.getreply()  # the greeting
+            if code != 220:
+                raise smtplib.SMTPConnectError(code, text)
             smtp.ehlo_or_helo_if_needed()
         except BaseException:
             smtp.close()
@@ -213,10 +215,12 @@ class SmtpAgent:
         raise TlsRefused(f"451 4.7.5 TLS with {where} failed: {e}"[:900]) from e
 
     def _connection(self) -> smtplib.SMTP:
-        if self._smtp is None:
-            self._smtp = self._open()
-        else:
-            self._smtp.rset()
+        if self._smtp is not None:
+            code, _text = self._smtp.rset()
+            if code == 250:
+                return self._smtp
+            self._drop()  # a 421 (the next hop's idle timeout): a new session
+        self._smtp = self._open()
         return self._smtp
 
     def deliver(self, envelope: MessageEnvelope, data: bytes) -> Replies:
@@ -257,8 +261,10 @@ class SmtpAgent:
             return dict.fromkeys(envelope.recipients, refused)
         needed = bool(envelope.smtputf8_recipients)
         options = ["SMTPUTF8"] if needed and utf8 else []
+        if smtp.has_extn("8bitmime") and not data.isascii():
+            options.append("BODY=8BITMIME")  # RFC 6152
         code, text = smtp.mail(_as_sent(envelope.sender), options)
-        if code != 250:
+        if code // 100 != 2:
             smtp.rset()
             return {r: _reply(code, text) for r in envelope.recipients}
         replies: dict[str, str] = {}
@@ -268,7 +274,7 @@ class SmtpAgent:
                 replies[rcpt] = refused
                 continue
             code, text = smtp.rcpt(_as_sent(rcpt))
-            if code in (250, 251):
+            if code // 100 == 2:  # 250, 251, 252: accepted (as Postfix takes any 2xx)
                 accepted.append(rcpt)
             else:
                 replies[rcpt] = _reply(code, text)

@@ -52,3 +52,24 @@ def slow_by_local_part(envelope: MessageEnvelope, data: bytes) -> dict[str, str]
     """``by_local_part`` after two seconds: a delivery still in hand when a stop begins."""
     time.sleep(2)
     return by_local_part(envelope, data)
+
+
+class GroupsThenHang:
+    """An agent sending in groups (``reports_groups``): each recipient its own group, in
+    order; ok* delivered and reported at once, hang* never returns. What the ``mx`` and
+    ``routes`` agents do per domain and per next hop."""
+
+    reports_groups = True
+
+    def deliver(self, envelope: MessageEnvelope, data: bytes, report: Any = None) -> dict[str, str]:
+        replies = {}
+        for rcpt in envelope.recipients:
+            if rcpt.startswith("hang"):
+                time.sleep(3600)
+            replies[rcpt] = "250 2.0.0 ok"
+            if report is not None:
+                report({rcpt: replies[rcpt]})
+        return replies
+
+    def close(self) -> None:
+        pass

@@ -23,6 +23,7 @@ class Recorder:
         self.lock = threading.Lock()
         self.received: list[tuple[str, tuple[str, ...], bytes]] = []
         self.encrypted: list[bool] = []  # per message: whether its session was under TLS
+        self.mail_options: list[list[str]] = []  # per message: its MAIL FROM parameters
         self.connections = 0
 
     async def handle_EHLO(
@@ -49,6 +50,7 @@ class Recorder:
         with self.lock:
             self.received.append((envelope.mail_from, tuple(envelope.rcpt_tos), content))
             self.encrypted.append(session.ssl is not None)
+            self.mail_options.append(list(envelope.mail_options))
         return "250 2.0.0 queued"
 
 

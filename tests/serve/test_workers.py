@@ -437,3 +437,18 @@ def test_bounces_survive_kills_of_the_owner_at_least_once(tmp_path: Path) -> Non
     bounced = [rcpts for sender, rcpts, _ in sink.received if sender == "<>"]
     assert {r for rcpts in bounced for r in rcpts} == set(senders)
     assert all(sender == "<>" for sender, _r, _c in sink.received)  # nothing else got through
+
+
+def test_groups_reported_before_a_lease_kill_are_never_sent_again(tmp_path: Path) -> None:
+    # Found by review: mx and routes replied for all their groups at the end, so a worker
+    # killed at its lease in a later group (exchangers that drop packets) left the groups
+    # already sent unreported: each retry sent them again.
+    d = make_spool(str(tmp_path / "spool"))
+    args = ("--agent", AGENT + "GroupsThenHang", "--workers", "1", "--attempt-timeout", "1s")
+    with owner(d, *args), connect(d) as client:
+        msg = client.accept("a@example.org", ["ok1@example.net", "hang@example.org"], body(1))
+        wait_for(lambda: client.status()["lease_kills"] >= 1, what="the lease kill")
+        stats = client.statistics()
+        [entry] = [e for e in client.list() if e.msg_id == msg]
+    assert stats.delivered == 1
+    assert entry.recipients == ("hang@example.org",)  # ok1 settled: not attempted again
