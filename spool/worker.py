@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import click
 
@@ -36,6 +36,7 @@ from spool.arguments import check_text
 from spool.client import Client, RemoteAttempt, connect
 from spool.errors import OwnerUnreachable, SpoolError, SpoolMisuse
 from spool.logs import setup_logging
+from spool.options import TEXT_MAX
 
 # Attempts claimed per round trip. One: a lease runs from the claim, and a loop delivers
 # its attempts one after another, so a batch's last attempt would spend its lease waiting.
@@ -63,7 +64,7 @@ def deliver_one(agent: Agent, attempt: RemoteAttempt) -> None:
         def report_early(group: Mapping[str, str]) -> None:
             final = {
                 r: reply
-                for r, reply in group.items()
+                for r, reply in ((r, _recordable(reply)) for r, reply in group.items())
                 if r in envelope.recipients
                 and r not in settled
                 and _well_formed(reply)
@@ -71,7 +72,7 @@ def deliver_one(agent: Agent, attempt: RemoteAttempt) -> None:
             }
             for (status, reply), rcpts in _grouped(envelope.recipients, final, attempt):
                 getattr(attempt, status)(rcpts, reply)  # durable on return
-            settled.update(final)
+                settled.update(rcpts)  # each call's own, should a later one raise
 
         try:
             if getattr(agent, "reports_groups", False):
@@ -102,7 +103,7 @@ def _grouped(
     is no SMTP reply line defers (an agent bug must not be taken for a delivery)."""
     groups: dict[tuple[str, str], list[str]] = {}
     for rcpt in recipients:
-        reply = replies.get(rcpt)
+        reply = _recordable(replies.get(rcpt))
         if reply is None:
             continue
         if not _well_formed(reply):
@@ -131,6 +132,17 @@ class Budget:
 
 
 BAD_REPLY: Final = "451 4.3.0 delivery agent gave no valid reply"
+
+
+def _recordable(reply: Any) -> Any:
+    """A text reply as the spool can record it: a NUL made U+FFFD, a lone surrogate "?",
+    cut to ``TEXT_MAX`` bytes. What a next hop said is kept as near as it can be:
+    a 250 with a stray byte in its text is still a delivery (taking it for no reply would
+    defer the recipient and deliver it again on every retry). Anything else as it is."""
+    if not isinstance(reply, str):
+        return reply
+    text = reply.replace("\x00", "\ufffd").encode("utf-8", "replace")
+    return text[:TEXT_MAX].decode("utf-8", "ignore")
 
 
 def _well_formed(reply: object) -> bool:

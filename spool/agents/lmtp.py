@@ -19,8 +19,12 @@ _LEADING_DOT = re.compile(rb"(?m)^\.")
 
 
 class LmtpAgent(SmtpAgent):
+    session = smtplib.LMTP  # LHLO for EHLO
+
     def _open(self) -> smtplib.SMTP:
-        lmtp = smtplib.LMTP(self.host, self.port, timeout=self.timeout)
+        if not self.host.startswith("/"):
+            return self._connect()  # TCP: the smtp agent's connect timeout; no STARTTLS
+        lmtp = smtplib.LMTP(self.host, self.port, timeout=self.timeout)  # a Unix socket
         code, text = lmtp.ehlo()  # smtplib's LMTP sends LHLO here
         if code != 250:
             lmtp.close()

@@ -120,11 +120,16 @@ class TlsRefused(Exception):
 
 
 def _reply(code: int, text: bytes | str) -> str:
+    """A next hop's reply as one line of text: its lines joined, control characters
+    (a NUL among them) made spaces, at most 900 characters."""
     said = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    said = "".join(" " if c < " " or c == "\x7f" else c for c in said)
     return f"{code} {' '.join(said.split())}"[:900]
 
 
 class SmtpAgent:
+    session: type[smtplib.SMTP] = smtplib.SMTP  # smtplib.LMTP for the lmtp agent
+
     def __init__(
         self,
         host: str,
@@ -152,7 +157,7 @@ class SmtpAgent:
         an exchanger that drops packets costs 30 s, not 300."""
         where = (self.address or self.host, self.port)
         sock = socket.create_connection(where, min(self.timeout, CONNECT_TIMEOUT))
-        smtp = smtplib.SMTP(timeout=self.timeout)
+        smtp = self.session(timeout=self.timeout)
         try:
             sock.settimeout(self.timeout)
             smtp.sock = sock  # as smtplib's connect() does, with a socket of ours
@@ -230,6 +235,8 @@ class SmtpAgent:
             return dict.fromkeys(envelope.recipients, self.failure_reply(e))
 
     def _where(self) -> str:
+        if self.host.startswith("/"):
+            return self.host  # a Unix socket (lmtp:/path)
         host = self.host if self.address is None else f"{self.host}[{self.address}]"
         return f"{host}:{self.port}"
 
@@ -239,7 +246,8 @@ class SmtpAgent:
         self._drop()
         if isinstance(e, TlsRefused):
             return e.reply
-        timed_out = isinstance(e, socket.timeout | TimeoutError)
+        # smtplib reports a reply that timed out as a lost connection: look beneath it.
+        timed_out = any(isinstance(x, TimeoutError) for x in (e, e.__context__, e.__cause__))
         code = "451 4.4.2 timed out talking to" if timed_out else "451 4.4.1 cannot reach"
         return f"{code} {self._where()}: {e}"[:900]
 

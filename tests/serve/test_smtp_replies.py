@@ -4,13 +4,17 @@ opens a new session, an 8-bit body is announced."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from spool.agents import load_agent
+from spool.agents.lmtp import LmtpAgent
 from spool.agents.mx import MxAgent
 from spool.agents.routes import parse_transport_map
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
+from spool.worker import _recordable, _well_formed
 from tests.serve.dns_server import DnsServer
 from tests.serve.raw_server import Session, raw_server
 from tests.serve.sink import start_sink
@@ -139,3 +143,54 @@ def test_an_address_under_two_exchanger_names_is_tried_once() -> None:
         ("one.dup.test", "127.0.0.1"),
         ("two.dup.test", "127.0.0.2"),
     ]
+
+
+def test_a_reply_with_a_nul_is_still_a_delivery() -> None:
+    # Found by review: a NUL in the 250 after DATA made the reply unrecordable; the
+    # worker deferred the recipient and the next hop got the message on every retry.
+    def script(s: Session) -> None:
+        s.say(b"220 raw.test ESMTP")
+        while line := s.said():
+            verb = line[:4].upper()
+            if verb == b"DATA":
+                s.say(b"354 go on")
+                s.read_data()
+                s.say(b"250 2.0.0 Ok: queued as \x00ABC\x07")
+            elif verb == b"QUIT":
+                s.say(b"221 bye")
+                return
+            else:
+                s.say(b"250 raw.test" if verb == b"EHLO" else b"250 ok")
+
+    with raw_server(script) as server:
+        agent = load_agent(f"smtp:127.0.0.1:{server.server_address[1]},tls=none")
+        try:
+            replies = agent.deliver(envelope("b@example.net"), DATA)
+        finally:
+            agent.close()
+    assert replies == {"b@example.net": "250 2.0.0 Ok: queued as ABC"}
+    assert _recordable("250 ok\x00") == "250 ok\ufffd" and _well_formed(_recordable("250 ok\x00"))
+
+
+def test_a_reply_that_times_out_is_said_to_have_timed_out() -> None:
+    # smtplib reports a read that timed out as a lost connection (4.4.1 "cannot reach").
+    def script(s: Session) -> None:
+        s.say(b"220 raw.test LMTP")
+        while line := s.said():
+            verb = line[:4].upper()
+            if verb == b"DATA":
+                s.say(b"354 go on")
+                s.read_data()
+                s.say(b"250 2.0.0 delivered")
+                time.sleep(3)  # and the second reply never comes in time
+                return
+            s.say(b"250 raw.test" if verb == b"LHLO" else b"250 ok")
+
+    with raw_server(script) as server:
+        agent = LmtpAgent("127.0.0.1", server.server_address[1], 1.0)
+        try:
+            replies = agent.deliver(envelope("b@example.net", "c@example.net"), DATA)
+        finally:
+            agent.close()
+    assert replies["b@example.net"] == "250 2.0.0 delivered"
+    assert replies["c@example.net"].startswith("451 4.4.2 timed out talking to 127.0.0.1:")
