@@ -323,7 +323,9 @@ def recover_salt(data: bytes) -> int | None:
     first frame checks with it and, when the file holds one, the second frame too: any
     single frame checks with *some* salt, two at random with probability 2^-32. A first
     frame alone (nothing readable after it) confirms its salt when the salt field is within
-    ``SALT_BITS_MAX`` bits of it, or when a valid frame lies further on.
+    ``SALT_BITS_MAX`` bits of it, or when a valid frame lies further on. With no frame
+    that checks at all, the header's salt counts when the segment is its padding alone
+    but for a burst that spared the padding's (salted) CRC.
     """
     first = fmt.SEGMENT_HEADER_SIZE
     head = data[: fmt.SEGMENT_HEADER_SIZE]
@@ -361,7 +363,30 @@ def recover_salt(data: bytes) -> int | None:
         # The first frame is damaged too: a valid frame further on confirms a salt.
         if maybe is not None and _resync(data, first, maybe, None) < len(data):
             return maybe
+    for maybe in (int(raw), by_header):
+        # Nothing checks: a fresh segment's padding alone, hit as well. Padding but for a
+        # burst that spares its CRC, which is salted, confirms the salt.
+        if maybe is not None and _padding_alone_but_for_a_burst(data, first, maybe):
+            return maybe
     return None
+
+
+def _padding_alone_but_for_a_burst(data: bytes, first: int, salt: int) -> bool:
+    """Whether ``data`` from ``first`` is one PAD frame to a sector boundary, damaged but
+    for one burst that left its CRC as this salt makes it (so the salt, not only the
+    shape, is checked: another salt's CRC differs in about 16 of those 32 bits), then
+    nothing but zeros (sectors a crash left unwritten) to the end."""
+    boundaries = range(fmt.SECTOR, len(data) + 1, fmt.SECTOR)
+    for end in (b for b in boundaries if b - first >= fmt.FRAME_HEADER_SIZE):
+        raw = data[first:end]
+        ideal = encode_frame(fmt.T_PAD, bytes(len(raw) - fmt.FRAME_HEADER_SIZE), salt)
+        if (
+            raw[:4] == ideal[:4]
+            and _padding_but_for_a_burst(raw, salt)
+            and not data[end:].strip(b"\0")
+        ):
+            return True
+    return False
 
 
 def _solve(f: Callable[[int], int], target: int) -> int | None:

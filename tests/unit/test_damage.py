@@ -600,3 +600,25 @@ def test_clearing_a_sectors_one_set_bit_before_a_later_batch_is_damage(
     path.write_bytes(bytes(data))
     refused_until_repaired(crashed, **options)
     repaired_keeping(crashed, msgs, **options)
+
+
+@pytest.mark.parametrize(("header_byte", "pad_byte"), [(23, 36), (16, 32 + 5), (20, 40)])
+def test_a_segment_of_padding_alone_keeps_its_salt_when_its_header_and_pad_are_hit(
+    tmp_path: Path, header_byte: int, pad_byte: int
+) -> None:
+    # Found by the crash-state run (seed 11389): the segment an open's checkpoint starts
+    # (its header and one PAD frame, nothing else), one bit of the header's segment number
+    # and one of the PAD's length flipped. No frame checked, so no salt was confirmed: the
+    # whole segment read as unreadable records, and a body file left in incoming/ by an
+    # accept the crash cut was named as a message whose envelope may have been there.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(2)]
+    with Spool.open(root) as sp:
+        sp._state.writer.create_segment()
+        sp.checkpoint()
+    seg = root / fmt.LOG_DIR / fmt.segment_name(2)
+    assert seg.stat().st_size == fmt.SECTOR  # its header and a PAD frame, nothing else
+    (root / fmt.INCOMING_DIR / "6B49D23D087AEDBB").write_bytes(b"")  # a cut accept's file
+    flip(seg, header_byte, pad_byte)
+    repaired_keeping(root, msgs)
