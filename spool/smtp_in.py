@@ -17,7 +17,9 @@ as Postfix's smtpd(8) restrictions are around its protocol engine:
   sender, ``501 5.1.3`` for a bad recipient; ``MAIL FROM:<>`` is the null sender.
 - **The spool's errors** as an MTA answers them: ``DiskFull`` ``452 4.3.1`` (try later),
   a refused message ``554 5.6.0``, a failed or closing spool ``451 4.3.0``.
-- A ``Received:`` header (RFC 5321 4.4) is prepended to every message.
+- A ``Received:`` header (RFC 5321 4.4) is prepended to every message; one with
+  ``HOPCOUNT_LIMIT`` of them already is a loop (``554 5.4.6``); bare LFs are stored as
+  CRLF. An untrusted client may not use source routing in a local part (``%``, ``!``).
 - **A stop says 421** (RFC 5321 3.8) to every session, to one in DATA once it is answered.
 
 PIPELINING, 8BITMIME and SMTPUTF8 are offered (the spool takes UTF-8 addresses), and
@@ -31,6 +33,7 @@ import contextlib
 import email.utils
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 import time
@@ -84,6 +87,11 @@ _ENHANCED: Final = {
     ),
 }
 
+
+HOPCOUNT_LIMIT: Final = 50  # Received: fields before a message is taken for a loop (Postfix)
+ROUTING: Final = "%!@"  # characters of source routing in a local part (quoted "@" too)
+_RECEIVED: Final = re.compile(rb"(?im)^received:")
+_BARE_LF: Final = re.compile(rb"(?<!\r)\n")
 
 SHUTTING_DOWN: Final = b"421 4.3.2 Service shutting down, closing transmission channel\r\n"
 STOP_GRACE: Final = 5.0  # seconds a stop waits for transactions in DATA to be answered
@@ -219,7 +227,12 @@ class SpoolHandler:
             check_mailbox(address)
         except InvalidAddress as e:
             return f"501 5.1.3 Bad recipient address syntax ({e.reason})"
-        if not self.trusted(session.peer) and domain_of(address) not in self.relay_domains:
+        trusted = self.trusted(session.peer)
+        if not trusted and domain_of(address) not in self.relay_domains:
+            return f"554 5.7.1 <{address}>: Relay access denied"
+        if not trusted and any(c in address.rpartition("@")[0] for c in ROUTING):
+            # u%other@ours or other!u@ours: a next hop that honours the old routing
+            # syntax would relay on (Postfix's allow_untrusted_routing = no).
             return f"554 5.7.1 <{address}>: Relay access denied"
         key = mailbox_key(address)
         if any(mailbox_key(r) == key for r in envelope.rcpt_tos):
@@ -231,7 +244,13 @@ class SpoolHandler:
         return "250 2.1.5 Ok"
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
-        data = self.received(session, envelope) + (envelope.original_content or b"")
+        content = envelope.original_content or b""
+        if hops(content) >= HOPCOUNT_LIMIT:
+            # A loop (two relays sending to each other, or to themselves): refused before
+            # it is stored, as RFC 5321 6.3 asks and Postfix's hopcount_limit does.
+            return "554 5.4.6 Too many hops: mail forwarding loop"
+        content = _BARE_LF.sub(b"\r\n", content)  # lines as SMTP sends them (RFC 5321 2.3.8)
+        data = self.received(session, envelope) + content
         try:
             sender = "" if envelope.mail_from == "<>" else (envelope.mail_from or "")
             msg_id = await self.spool.accept(sender, envelope.rcpt_tos, data)
@@ -264,6 +283,13 @@ class SpoolHandler:
         ]
         lines[-1] += f"; {email.utils.formatdate(localtime=True)}"
         return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+
+
+def hops(message: bytes) -> int:
+    """The ``Received:`` fields in the header section of ``message`` (each MTA adds one)."""
+    end = min((i for i in (message.find(b"\r\n\r\n"), message.find(b"\n\n")) if i >= 0), default=-1)
+    header = message if end < 0 else message[:end]
+    return len(_RECEIVED.findall(header))
 
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:

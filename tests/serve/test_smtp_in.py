@@ -393,3 +393,56 @@ def test_a_stop_says_421_inside_a_starttls_session_too(tmp_path: Path) -> None:
         code, text = smtp.getreply()
         assert (code, text[:5]) == (421, b"4.3.2"), (code, text)
         assert proc.wait(60) == 0
+
+
+def test_an_untrusted_client_cannot_route_through_a_relay_domain(tmp_path: Path) -> None:
+    # Found by review: u%evil.test@ours and evil.test!u@ours were taken from a client
+    # outside mynetworks; a next hop honouring that old syntax relays on (an open relay).
+    d, port = str(tmp_path / "spool"), free_port()
+    args = ["--smtp", f"127.0.0.1:{port}", "--mynetworks", "192.0.2.0/24"]
+    with owner(d, *args, "--relay-domain", "example.net"), session(port) as smtp:
+        smtp.mail("a@example.org")
+        for routed in ("u%evil.test@example.net", "evil.test!u@example.net"):
+            code, text = smtp.rcpt(routed)
+            assert (code, text) == (554, f"5.7.1 <{routed}>: Relay access denied".encode())
+        assert smtp.rcpt("u@example.net")[0] == 250
+
+
+def test_a_message_past_the_hop_limit_is_refused_as_a_loop(tmp_path: Path) -> None:
+    # Found by review: a relay sending to itself accepted the message 642 times in 6 s,
+    # one Received: more each time, with no end but the size limit.
+    d, port = str(tmp_path / "spool"), free_port()
+    args = ["--smtp", f"127.0.0.1:{port}", "--agent", f"smtp:127.0.0.1:{port}", "--workers", "1"]
+    with owner(d, *args), connect(d) as client:
+        with session(port) as smtp:
+            many = b"".join(b"Received: from hop%d\r\n" % i for i in range(49)) + MESSAGE
+            assert smtp.sendmail("a@example.org", ["b@example.net"], many) == {}
+            too_many = b"Received: from hop49\r\n" + many
+            with pytest.raises(smtplib.SMTPDataError) as refused:
+                smtp.sendmail("a@example.org", ["b@example.net"], too_many)
+            assert refused.value.smtp_code == 554 and b"5.4.6" in refused.value.smtp_error
+        # The one taken (its 50th Received: ours) is sent to ourselves once and refused:
+        # it fails instead of going round for ever.
+        deadline = time.monotonic() + 60
+        while client.statistics().failed < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stats = client.statistics()
+    assert (stats.accepted, stats.failed) == (1, 1)
+
+
+def test_bare_line_feeds_are_stored_as_crlf(tmp_path: Path) -> None:
+    d, port = str(tmp_path / "spool"), free_port()
+    with owner(d, "--smtp", f"127.0.0.1:{port}"), session(port) as smtp:
+        smtp.mail("a@example.org")
+        smtp.rcpt("b@example.net")
+        smtp.send(b"DATA\r\n")
+        assert smtp.getreply()[0] == 354
+        smtp.send(b"Subject: x\nX-Test: y\n\nline1\nline2\r\n.\r\n")
+        assert smtp.getreply()[0] == 250
+    with Spool.open(d) as sp:
+        attempt = sp.claim()
+        assert attempt is not None
+        data = attempt.read_data()
+        attempt.close()
+    assert data.endswith(b"Subject: x\r\nX-Test: y\r\n\r\nline1\r\nline2\r\n")
+    assert b"\n" not in data.replace(b"\r\n", b"")
