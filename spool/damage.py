@@ -346,10 +346,12 @@ def recover_salt(data: bytes) -> int | None:
         if not isinstance(frame, Frame):
             continue
         after = first + frame.size
-        if after >= len(data) or isinstance(parse_frame(data, after, salt), Frame):
-            return salt
+        if after < len(data) and isinstance(parse_frame(data, after, salt), Frame):
+            return salt  # two frames check with it
         if salt in (raw, by_header):
             return salt  # the header vouches for it (its CRC, or an intact salt field)
+        # A lone frame (nothing after it) checks with the salt solved from its own CRC
+        # whatever it holds: that alone confirms nothing (below: the field must be near).
     if (
         by_frame is not None
         and bin(by_frame ^ raw).count("1") <= SALT_BITS_MAX

@@ -622,3 +622,19 @@ def test_a_segment_of_padding_alone_keeps_its_salt_when_its_header_and_pad_are_h
     (root / fmt.INCOMING_DIR / "6B49D23D087AEDBB").write_bytes(b"")  # a cut accept's file
     flip(seg, header_byte, pad_byte)
     repaired_keeping(root, msgs)
+
+
+def test_a_lone_damaged_frame_does_not_vouch_for_the_salt_solved_from_its_own_crc() -> None:
+    # Found by review: a segment whose header is damaged and which ends after one frame
+    # (a batch that spans a rollover leaves such a segment), that frame hit too. The salt
+    # solved from the frame's own CRC always makes it check, so the damaged record read as
+    # valid under a wrong salt, nothing was named, and a repair would write that salt.
+    from spool.damage import recover_salt
+    from spool.segment_header import segment_header
+
+    salt = 0x1234ABCD
+    payload = cbor2.dumps({"id": "6B080B55455B127D", "rcpt": ["x@example.net"] * 30})
+    data = bytearray(segment_header(5, salt) + encode_frame(fmt.T_CONTROL, payload, salt))
+    data[29] ^= 1  # the header's CRC
+    data[60] ^= 4  # and one bit of the record
+    assert recover_salt(bytes(data)) in (None, salt)
