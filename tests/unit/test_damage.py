@@ -638,3 +638,24 @@ def test_a_lone_damaged_frame_does_not_vouch_for_the_salt_solved_from_its_own_cr
     data[29] ^= 1  # the header's CRC
     data[60] ^= 4  # and one bit of the record
     assert recover_salt(bytes(data)) in (None, salt)
+
+
+@pytest.mark.parametrize(("header_byte", "pad_byte"), [(29, 33), (25, 33), (29, 32)])
+def test_a_segment_of_padding_alone_keeps_its_salt_when_a_header_bit_and_its_pad_crc_are_hit(
+    tmp_path: Path, header_byte: int, pad_byte: int
+) -> None:
+    # Found by the crash-state run on the code with the rule above (seed 12027): one bit
+    # of the header's CRC (or of its salt field) and one of the PAD frame's CRC. The salt
+    # rule for padding needs the PAD's CRC intact; one flipped header bit, found by its
+    # CRC as a frame's is, vouches for the salt instead.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(2)]
+    with Spool.open(root) as sp:
+        sp._state.writer.create_segment()
+        sp.checkpoint()
+    seg = root / fmt.LOG_DIR / fmt.segment_name(2)
+    assert seg.stat().st_size == fmt.SECTOR
+    (root / fmt.INCOMING_DIR / "6B49D4590207FB71").write_bytes(b"")  # a cut accept's file
+    flip(seg, header_byte, pad_byte)
+    repaired_keeping(root, msgs)
