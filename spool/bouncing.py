@@ -17,17 +17,15 @@ message's sender, then acknowledges the outcome:
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Final
 
+from spool.background import BackgroundLoop
 from spool.dsn import delivery_status_notification
 from spool.errors import (
     BodyGone,
     DiskFull,
     InvalidMessage,
     MessageTooLarge,
-    SpoolClosed,
-    SpoolError,
 )
 from spool.outcomes import MessageOutcome
 from spool.spool import Spool
@@ -37,35 +35,24 @@ WAIT: Final = 1.0  # seconds each look for outcomes waits (the stop is seen this
 RETRY_AFTER: Final = 30.0  # seconds before a notice refused for space is tried again
 
 
-class Bouncer:
-    """Sends the bounces of one open spool's outcomes, in a thread, until ``stop``."""
+class Bouncer(BackgroundLoop):
+    """Sends the bounces of one open spool's outcomes, in a thread, until ``stop`` (which
+    waits for the outcome in hand: its notice and acknowledgement, or neither)."""
+
+    name = "spool-bouncer"
 
     def __init__(self, spool: Spool, reporting_mta: str) -> None:
+        super().__init__(log)
         self.spool = spool
         self.reporting_mta = reporting_mta
         self.sent = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="spool-bouncer", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop after the outcome in hand (its notice and acknowledgement, or neither)."""
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                outcome = self.spool.next_outcome(timeout=WAIT)
-                if outcome is not None and not self.handle(outcome):
-                    self._stop.wait(RETRY_AFTER)
-            except SpoolClosed:
-                return
-            except SpoolError as exc:  # a failed spool: the owner's own calls report it
-                log.error("bouncer stopped: %s", exc)
-                return
+    def step(self) -> float:
+        """Bounce the next outcome if one comes within ``WAIT``."""
+        outcome = self.spool.next_outcome(timeout=WAIT)
+        if outcome is not None and not self.handle(outcome):
+            return RETRY_AFTER
+        return 0.0
 
     def handle(self, outcome: MessageOutcome) -> bool:
         """Send ``outcome``'s bounce if it needs one, then acknowledge it; False if the

@@ -23,31 +23,32 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from typing import Final
 
 from spool import format as fmt
+from spool.background import BackgroundLoop
 from spool.dsn import delay_warning
 from spool.errors import (
     BadSpoolDirectory,
     DiskFull,
     InvalidMessage,
     MessageTooLarge,
-    SpoolClosed,
-    SpoolError,
 )
 from spool.fs import FileSystem
 from spool.queue_view import QueueEntry
 from spool.spool import Spool
 
-log = logging.getLogger("spool.bounce")
+log = logging.getLogger("spool.delay_warning")
 CHECK_EVERY: Final = 60.0  # seconds between looks through the queue, at most
 PRUNE_AFTER: Final = 1000  # stale ids in the file before a look rewrites it
 
 
-class DelayWarner:
-    """Sends the delay warnings of one open spool, in a thread, until ``stop``."""
+class DelayWarner(BackgroundLoop):
+    """Sends the delay warnings of one open spool, in a thread, until ``stop`` (which
+    waits for the warning in hand: its accept and its mark, or neither)."""
+
+    name = "spool-delay-warner"
 
     def __init__(
         self,
@@ -59,6 +60,8 @@ class DelayWarner:
     ) -> None:
         if not delay > 0:
             raise ValueError("the delay warning time must be more than 0 seconds")
+        super().__init__(log)
+        self.first_pause = min(CHECK_EVERY, delay)
         self.spool = spool
         self.reporting_mta = reporting_mta
         self.delay = delay
@@ -66,8 +69,6 @@ class DelayWarner:
         self._path = os.path.join(directory, fmt.DELAY_WARNED_NAME)
         self._fs = fs or FileSystem()
         self._warned: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="spool-delay-warner", daemon=True)
 
     def start(self) -> None:
         """Read the warned ids (keeping those still queued), then look in a thread.
@@ -88,26 +89,15 @@ class DelayWarner:
             self._rewrite({e.msg_id for e in self.spool.list()})
         except OSError as e:  # a full disk, say: the file is kept as it is, appended to
             log.error("cannot rewrite %s (%s): kept as it is", self._path, e.strerror or e)
-        self._thread.start()
+        super().start()
 
-    def stop(self) -> None:
-        """Stop after the warning in hand (its accept and its mark, or neither)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        every = min(CHECK_EVERY, self.delay)
-        while not self._stop.wait(every):
-            try:
-                self.look()
-            except SpoolClosed:
-                return
-            except SpoolError as exc:  # a failed spool: the owner's own calls report it
-                log.error("delay warnings stopped: %s", exc)
-                return
-            except OSError as exc:  # the file: its next look tries again
-                log.error("delay warnings: %s: %s", self._path, exc.strerror or exc)
+    def step(self) -> float:
+        """One look through the queue."""
+        try:
+            self.look()
+        except OSError as exc:  # the file: the next look tries again
+            log.error("delay warnings: %s: %s", self._path, exc.strerror or exc)
+        return self.first_pause
 
     def look(self, now: float | None = None) -> int:
         """Warn the sender of each message due a warning; the number warned."""
@@ -117,7 +107,7 @@ class DelayWarner:
         complete = True  # whether ``live`` holds the whole queue, for the prune
         for entry in self.spool.list():
             live.add(entry.msg_id)
-            if self._stop.is_set():
+            if self.stopping:
                 complete = False
                 break
             if entry.msg_id in self._warned or not self._due(entry, now):

@@ -45,6 +45,7 @@ from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
 
 from spool.addresses import check_mailbox, check_sender, domain_of, mailbox_key
 from spool.async_spool import AsyncSpool
+from spool.dsn import header_section
 from spool.errors import (
     DiskFull,
     InvalidAddress,
@@ -249,7 +250,8 @@ class SpoolHandler:
             # A loop (two relays sending to each other, or to themselves): refused before
             # it is stored, as RFC 5321 6.3 asks and Postfix's hopcount_limit does.
             return "554 5.4.6 Too many hops: mail forwarding loop"
-        content = _BARE_LF.sub(b"\r\n", content)  # lines as SMTP sends them (RFC 5321 2.3.8)
+        if content.count(b"\n") != content.count(b"\r\n"):  # a copy only when one is bare
+            content = _BARE_LF.sub(b"\r\n", content)  # lines as SMTP sends them (RFC 5321 2.3.8)
         data = self.received(session, envelope) + content
         try:
             sender = "" if envelope.mail_from == "<>" else (envelope.mail_from or "")
@@ -287,9 +289,7 @@ class SpoolHandler:
 
 def hops(message: bytes) -> int:
     """The ``Received:`` fields in the header section of ``message`` (each MTA adds one)."""
-    end = min((i for i in (message.find(b"\r\n\r\n"), message.find(b"\n\n")) if i >= 0), default=-1)
-    header = message if end < 0 else message[:end]
-    return len(_RECEIVED.findall(header))
+    return len(_RECEIVED.findall(header_section(message)))
 
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:

@@ -42,6 +42,22 @@ def flip(root: Path, *bits: tuple[int, int], segment: int = 1) -> None:
     seg.write_bytes(bytes(data))
 
 
+def padding_alone_segment(root: Path, messages: int = 2) -> tuple[Path, list[str]]:
+    """A spool of ``messages`` accepted messages in segment 1, then segment 2 as an open's
+    checkpoint leaves it when nothing was appended yet: its header and one PAD frame to
+    the sector's end, synced. Returns segment 2's path and the message ids."""
+    with Spool.open(root) as sp:
+        msgs = [
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(messages)
+        ]
+    with Spool.open(root) as sp:
+        sp._state.writer.create_segment()
+        sp.checkpoint()
+    seg = root / fmt.LOG_DIR / fmt.segment_name(2)
+    assert seg.stat().st_size == fmt.SECTOR  # its header and a PAD frame, nothing else
+    return seg, msgs
+
+
 def claimed_later(root: Path) -> list[str]:
     """Every message a claim hands out a day later (each closed again)."""
     handed = []

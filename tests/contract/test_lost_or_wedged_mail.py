@@ -29,6 +29,7 @@ from spool.fs import FileSystem
 from spool.options import RECIPIENTS_LIMIT
 from spool.testing import FakeClock, deliver_all, tree_snapshot
 from spool.testing.crashsim import CrashSimulator, RecordingFS
+from tests.contract.repairing import padding_alone_segment
 from tests.crash.contract import judge, live_envelopes, observe
 from tests.crash.workload import OPTIONS, START_TIME, Call, Ledger
 
@@ -530,15 +531,9 @@ def test_a_fresh_segment_of_padding_alone_keeps_its_salt_through_header_damage(
     # whatever it is, so no salt was confirmed: the whole segment was taken for lost
     # records and every live message was held.
     root = tmp_path / "spool"
-    with Spool.open(root) as sp:
-        ids = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
-    with Spool.open(root) as sp:
-        # What an open's checkpoint does when its positions must point into a segment that
-        # nothing was appended to yet: the segment, its header and padding, synced.
-        sp._state.writer.create_segment()
-        sp.checkpoint()
-    seg = root / fmt.LOG_DIR / fmt.segment_name(2)
-    assert seg.stat().st_size == fmt.SECTOR  # its header and a PAD frame, nothing else
+    # What an open's checkpoint does when its positions must point into a segment that
+    # nothing was appended to yet: the segment, its header and padding, synced.
+    seg, ids = padding_alone_segment(root, messages=3)
     with open(seg, "ab") as f:  # and the file grown by a write that never landed (a crash)
         f.write(bytes(fmt.SECTOR))
     _flip(seg, 21, 2)  # the segment number

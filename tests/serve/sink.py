@@ -76,14 +76,15 @@ def start_sink(
 
 
 def self_signed(directory: Path, name: str = "mx.test") -> tuple[str, str]:
-    """A self-signed certificate for ``name``, 127.0.0.1 and localhost, and its key (made
-    with the ``openssl`` command): the certificate's path, the key's."""
+    """A self-signed certificate for ``name``, localhost and 127.0.0.1 (all three in its
+    subjectAltName, which a host name is checked against), and its key (made with the
+    ``openssl`` command): the certificate's path, the key's."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is needed to make a test certificate")
     cert, key = str(directory / f"{name}.cert.pem"), str(directory / f"{name}.key.pem")
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", f"/CN={name}", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name},DNS:localhost,IP:127.0.0.1",
          "-keyout", key, "-out", cert],
         check=True, capture_output=True,
     )  # fmt: skip

@@ -17,7 +17,7 @@ from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
 from tests.serve.dns_server import DnsServer, Zone
 from tests.serve.running import owner
-from tests.serve.sink import Recorder, start_sink
+from tests.serve.sink import Recorder, self_signed, server_context, start_sink
 
 DATA = b"Subject: mx\r\n\r\nhello\r\n"
 OK = "250 2.0.0 queued"
@@ -38,6 +38,8 @@ def zone() -> Zone:
         "pref.test.": {"MX": ["20 second.pref.test.", "10 first.pref.test."]},
         "first.pref.test.": {"A": ["127.0.0.1"]},
         "second.pref.test.": {"A": ["127.0.0.3"]},
+        "tls.test.": {"MX": ["10 mx.tls.test."]},
+        "mx.tls.test.": {"A": ["127.0.0.1"]},
     }
 
 
@@ -135,6 +137,32 @@ def test_what_dns_says_settles_a_domain_without_a_connection(
     assert [rcpts for _f, rcpts, _d in recorder.received] == [("ok@implicit.test",)]
 
 
+def test_verify_checks_the_exchangers_name_not_the_address_it_connects_to(
+    tmp_path: Path, dns_server: DnsServer
+) -> None:
+    # The agent connects to the address DNS gave; the certificate must name the exchanger
+    # (RFC 7672 2.2.2's reference identity, Postfix's smtp_tls_verify_cert_match=hostname):
+    # a certificate for 127.0.0.1 and another name is refused although it chains.
+    named = self_signed(tmp_path, "mx.tls.test")
+    other = self_signed(tmp_path, "other.test")  # names 127.0.0.1 and localhost too
+    for (cert, key), expected in [(named, "250 2.0.0 queued"), (other, "451 4.7.5 TLS with")]:
+        controller, recorder, port = start_sink(server_context(cert, key))
+        try:
+            agent = load_agent(
+                f"mx:port={port},nameserver=127.0.0.1:{dns_server.port},tls=verify,cafile={cert}"
+            )
+            try:
+                [reply] = agent.deliver(envelope("b@tls.test"), DATA).values()
+            finally:
+                agent.close()
+        finally:
+            controller.stop()
+        assert reply.startswith(expected), reply
+        assert recorder.encrypted == ([True] if expected.startswith("250") else [])
+        if not expected.startswith("250"):
+            assert "mx.tls.test" in reply and "Hostname mismatch" in reply, reply
+
+
 @pytest.mark.parametrize(
     ("spec", "says"),
     [
@@ -154,8 +182,12 @@ def test_bad_options_are_refused_when_the_agent_is_made(spec: str, says: str) ->
 
 
 def test_the_bare_spec_takes_the_systems_resolvers() -> None:
-    agent = load_agent("mx")
-    assert isinstance(agent, MxAgent) and (agent.port, agent.tls) == (25, "may")
+    try:
+        agent = load_agent("mx")
+    except SpoolMisuse as e:  # a machine with no /etc/resolv.conf (some containers)
+        assert "names no DNS resolver" in str(e)
+    else:
+        assert isinstance(agent, MxAgent) and (agent.port, agent.tls) == (25, "may")
     with pytest.raises(SpoolMisuse, match="give the agent as mx"):
         load_agent("mx:port=25,,tls=may")
 

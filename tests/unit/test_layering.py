@@ -69,6 +69,7 @@ LAYERS: list[set[str]] = [
         "smtp_process",
         "bouncing",
         "delay_warnings",
+        "background",
     },
     {"__init__"},
     {"check", "cli", "__main__", "analytics"},
