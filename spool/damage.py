@@ -325,15 +325,14 @@ def recover_salt(data: bytes) -> int | None:
     frame alone (nothing readable after it) confirms its salt when the salt field is within
     ``SALT_BITS_MAX`` bits of it, or when a valid frame lies further on. With no frame
     that checks at all, the header's salt counts when the segment is its padding alone
-    but for a burst that spared the padding's (salted) CRC.
+    but for a burst that spared the padding's (salted) CRC; and a segment that is its
+    padding alone in all but the PAD's CRC holds nothing any salt could make a record of,
+    so it keeps the salt of its header put right by one bit, or its salt field as it reads.
+    A header one bit from consistent never outvotes a frame: a burst over its CRC or salt
+    field can make it so with a wrong salt.
     """
     first = fmt.SEGMENT_HEADER_SIZE
     head = data[: fmt.SEGMENT_HEADER_SIZE]
-    fixed = _header_one_bit_fixed(head)
-    if fixed is not None:
-        # One flipped bit explains the failed check: the header vouches for its salt as
-        # an intact one does (a wrong header one bit from consistent: about 2^-24).
-        return segment_salt(fixed)
     raw = fmt.SEGMENT_HEADER.unpack_from(head)[4]
     stored_crc = fmt.SEGMENT_HEADER.unpack_from(head)[5]
     candidates = [int(raw)]
@@ -375,6 +374,16 @@ def recover_salt(data: bytes) -> int | None:
         # burst that spares its CRC, which is salted, confirms the salt.
         if maybe is not None and _padding_alone_but_for_a_burst(data, first, maybe):
             return maybe
+    if _padding_alone_in_shape(data, first):
+        # Padding alone but for its CRC and the header: no byte of the segment can be a
+        # record, so no salt can make a message of it, and the repair rewrites the header
+        # (and the padding, unless it checks) with the salt chosen here: the salt of the
+        # header put right by one flipped bit (the field, or the value its CRC solves
+        # for); else the one the PAD checks with (the header alone was hit); else the field.
+        fixed = _header_one_bit_fixed(head)
+        if fixed is not None:
+            return segment_salt(fixed)
+        return by_frame if by_frame is not None else int(raw)
     return None
 
 
@@ -395,6 +404,18 @@ def _header_one_bit_fixed(head: bytes) -> bytes | None:
         ):
             found.append(bytes(candidate))
     return found[0] if len(found) == 1 else None
+
+
+def _padding_alone_in_shape(data: bytes, first: int) -> bool:
+    """Whether ``data`` from ``first`` is one PAD frame to a sector boundary in all but its
+    CRC (its length, its type, a payload of zeros), then nothing but zeros to the end: what
+    an open's checkpoint leaves in a fresh segment, whatever its CRC and header became."""
+    boundaries = range(fmt.SECTOR, len(data) + 1, fmt.SECTOR)
+    for end in (b for b in boundaries if b - first >= fmt.FRAME_HEADER_SIZE):
+        shape = encode_frame(fmt.T_PAD, bytes(end - first - fmt.FRAME_HEADER_SIZE), 0)
+        if data[first + 4 : end] == shape[4:] and not data[end:].strip(b"\0"):
+            return True
+    return False
 
 
 def _padding_alone_but_for_a_burst(data: bytes, first: int, salt: int) -> bool:

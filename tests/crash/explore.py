@@ -31,9 +31,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 import attrs
+from crc32c import crc32c
 
 from spool import Spool
 from spool import format as fmt
+from spool.damage import _solve
 from spool.framing import Frame, parse_frame
 from spool.positions import decode_positions
 from spool.records import Position
@@ -351,6 +353,42 @@ class Explorer:
                 self._violation(recorded, sim, p, chosen, problems, during)
 
 
+def _header_burst(data: bytes, limit: int, aim: random.Random) -> tuple[bytes, list[int]] | None:
+    """A burst of four bytes over a durable segment header's last fields: (the damaged
+    segment, the offsets it changed), or None if the header is not durable.
+
+    One in three is random bytes anywhere from the segment number to the first frame's
+    CRC (with a fresh segment's padding alone after it, the burst reaches into that PAD:
+    a repair once read such a segment as unreadable records). The others are the bursts
+    that fit worst: the CRC field, or the salt field, set to the value that leaves the
+    header one flipped bit (of another field) from consistent with a wrong salt, which a
+    repair once took at its word, making every frame of the segment foreign."""
+    if limit < fmt.SEGMENT_HEADER_SIZE + 4:
+        return None
+    out = bytearray(data)
+    kind = aim.randrange(3)
+    if kind == 0:
+        start = aim.randrange(16, fmt.SEGMENT_HEADER_SIZE + 1)
+        for at in range(start, start + 4):
+            out[at] = aim.randrange(256)
+    elif kind == 1:
+        head = bytearray(data[:28])
+        bit = aim.randrange(28 * 8)
+        head[bit // 8] ^= 1 << bit % 8
+        out[28:32] = crc32c(bytes(head)).to_bytes(4, "little")
+    else:
+        head = bytearray(data[:24])
+        bit = aim.randrange(24 * 8)
+        head[bit // 8] ^= 1 << bit % 8
+        crc = int.from_bytes(data[28:32], "little")
+        salt = _solve(lambda x: crc32c(bytes(head) + x.to_bytes(4, "little")), crc)
+        if salt is None:
+            return None
+        out[24:28] = salt.to_bytes(4, "little")
+    offsets = [at for at in range(40) if out[at] != data[at]]
+    return (bytes(out), offsets) if offsets else None
+
+
 # A message id in a record: CBOR text of 16 (0x70), 16 upper-case hex digits.
 _ID_TEXT = re.compile(rb"\x70[0-9A-F]{16}")
 
@@ -374,7 +412,8 @@ def flip_durable_byte(
     where a repair must note that a lost start used its envelope up, whatever the damage
     after it (a tiny body, padding, another record); and one in sixteen a burst over a
     PAD frame's header (``_pad_header_burst``), the one layer that also damages bytes
-    synced after the positions (``synced`` gives each segment's synced length)."""
+    synced after the positions (``synced`` gives each segment's synced length); and one
+    in sixteen a burst over the segment header's salt and CRC (``_header_burst``)."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -446,6 +485,11 @@ def flip_durable_byte(
             for at in offsets:
                 data[at] = 0 if zeroed else data[at] ^ 1 << aim.randrange(8)
             files[path] = bytes(data)
+            return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)
+    elif aim is not None and aimed < 0.625:
+        burst = _header_burst(files[path], limit, aim)
+        if burst is not None:
+            files[path], offsets = burst
             return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)
     data = bytearray(files[path])
     for at, bit in zip(offsets, bits, strict=True):

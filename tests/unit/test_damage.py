@@ -16,12 +16,20 @@ from pathlib import Path
 
 import cbor2
 import pytest
+from crc32c import crc32c
 
 from spool import CorruptSpool, Spool
 from spool import format as fmt
 from spool import records as rec
 from spool.check import check_spool, repair_spool
-from spool.damage import BURST, RECORD_FRAME_MIN, _padding_but_for_a_burst, _sized_marker
+from spool.damage import (
+    BURST,
+    RECORD_FRAME_MIN,
+    _padding_but_for_a_burst,
+    _sized_marker,
+    _solve,
+    recover_salt,
+)
 from spool.framing import Frame, encode_frame, frame_crc, pad_frame, parse_frame
 from spool.fs import FileSystem
 from spool.queue_view import walk
@@ -29,6 +37,7 @@ from spool.records import Position
 from spool.segment_header import segment_salt
 from spool.testing import FakeClock
 from spool.testing.crashsim import CrashSimulator, RecordingFS
+from tests.contract.repairing import padding_alone_segment
 from tests.unit.test_recovery_edges import append_batch, frame_of, salt_of
 
 FS = FileSystem()
@@ -612,13 +621,7 @@ def test_a_segment_of_padding_alone_keeps_its_salt_when_its_header_and_pad_are_h
     # whole segment read as unreadable records, and a body file left in incoming/ by an
     # accept the crash cut was named as a message whose envelope may have been there.
     root = tmp_path / "spool"
-    with Spool.open(root) as sp:
-        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(2)]
-    with Spool.open(root) as sp:
-        sp._state.writer.create_segment()
-        sp.checkpoint()
-    seg = root / fmt.LOG_DIR / fmt.segment_name(2)
-    assert seg.stat().st_size == fmt.SECTOR  # its header and a PAD frame, nothing else
+    seg, msgs = padding_alone_segment(root)
     (root / fmt.INCOMING_DIR / "6B49D23D087AEDBB").write_bytes(b"")  # a cut accept's file
     flip(seg, header_byte, pad_byte)
     repaired_keeping(root, msgs)
@@ -629,7 +632,6 @@ def test_a_lone_damaged_frame_does_not_vouch_for_the_salt_solved_from_its_own_cr
     # (a batch that spans a rollover leaves such a segment), that frame hit too. The salt
     # solved from the frame's own CRC always makes it check, so the damaged record read as
     # valid under a wrong salt, nothing was named, and a repair would write that salt.
-    from spool.damage import recover_salt
     from spool.segment_header import segment_header
 
     salt = 0x1234ABCD
@@ -649,13 +651,100 @@ def test_a_segment_of_padding_alone_keeps_its_salt_when_a_header_bit_and_its_pad
     # rule for padding needs the PAD's CRC intact; one flipped header bit, found by its
     # CRC as a frame's is, vouches for the salt instead.
     root = tmp_path / "spool"
-    with Spool.open(root) as sp:
-        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(2)]
-    with Spool.open(root) as sp:
-        sp._state.writer.create_segment()
-        sp.checkpoint()
-    seg = root / fmt.LOG_DIR / fmt.segment_name(2)
-    assert seg.stat().st_size == fmt.SECTOR
+    seg, msgs = padding_alone_segment(root)
     (root / fmt.INCOMING_DIR / "6B49D4590207FB71").write_bytes(b"")  # a cut accept's file
     flip(seg, header_byte, pad_byte)
     repaired_keeping(root, msgs)
+
+
+def header_one_bit_from(head: bytes, bit: int) -> bytes:
+    """The CRC field that makes ``head`` one flipped ``bit`` away from consistent."""
+    wrong = bytearray(head[:28])
+    wrong[bit // 8] ^= 1 << bit % 8
+    return crc32c(bytes(wrong)).to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("bit", [24 * 8, 24 * 8 + 13, 27 * 8 + 7, 16 * 8 + 1])
+def test_a_burst_making_a_header_one_bit_from_a_wrong_salt_does_not_outvote_its_frames(
+    tmp_path: Path, bit: int
+) -> None:
+    # Found by the review of the one-bit rule above: a burst over the header's CRC field
+    # (any bits in four bytes) can leave a header one flipped bit from consistent with a
+    # wrong salt. Taken at its word, it made every intact frame of the segment foreign:
+    # all its mail was named lost and the queue left empty. The frames outvote it.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    seg = segment(root, 1)
+    data = bytearray(seg.read_bytes())
+    salt = int.from_bytes(data[24:28], "little")
+    data[28:32] = header_one_bit_from(data, bit)  # one burst: the CRC field alone
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data)) == salt
+    repaired_keeping(root, msgs)
+
+
+def test_a_burst_over_the_salt_field_one_bit_from_another_header_keeps_the_crcs_salt(
+    tmp_path: Path,
+) -> None:
+    # The same review: a burst over the salt field leaving the value that makes the header
+    # one bit (of its segment number) from its CRC. The CRC solves for the true salt,
+    # which the frames confirm; the one-bit header lost all the segment's mail.
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    seg = segment(root, 1)
+    data = bytearray(seg.read_bytes())
+    salt, crc = int.from_bytes(data[24:28], "little"), int.from_bytes(data[28:32], "little")
+    other = bytearray(data[:24])
+    other[16] ^= 0x02
+    bad = _solve(lambda x: crc32c(bytes(other) + x.to_bytes(4, "little")), crc)
+    assert bad is not None and bad != salt
+    data[24:28] = bad.to_bytes(4, "little")
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data)) == salt
+    repaired_keeping(root, msgs)
+
+
+@pytest.mark.parametrize(
+    "hits",
+    [
+        {30: 0x01, 31: 0x01, 33: 0x01},  # one burst over the header's CRC and the PAD's
+        {29: 0xFF, 30: 0x10, 32: 0x80},
+        {26: 0x41, 27: 0x02, 28: 0xFF, 29: 0x01},  # a burst over the salt and CRC fields
+        {25: 0x01, 29: 0x01, 33: 0x04},  # three hits: two header bits and the PAD's CRC
+        {0: 0x20, 24: 0x01, 28: 0x01, 34: 0x40},
+    ],
+)
+def test_a_segment_of_padding_alone_in_all_but_its_crcs_holds_nothing_whatever_the_salt(
+    tmp_path: Path, hits: dict[int, int]
+) -> None:
+    # Found by the same review (and left open after seed 12027): header damage beyond one
+    # bit, or one burst from the header's CRC into the PAD's. Nothing vouched for a salt,
+    # the segment read as unreadable records, and the repair held both live messages and
+    # named a cut accept's body file. Padding in shape but for its CRC (its length to a
+    # sector boundary, its type, zeros) holds nothing any salt could make a record of.
+    root = tmp_path / "spool"
+    seg, msgs = padding_alone_segment(root)
+    (root / fmt.INCOMING_DIR / "6B49D4590207FB71").write_bytes(b"")  # a cut accept's file
+    data = bytearray(seg.read_bytes())
+    for offset, mask in hits.items():
+        data[offset] ^= mask
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data)) is not None
+    repaired_keeping(root, msgs)
+
+
+def test_a_segment_of_padding_alone_but_for_one_byte_of_its_payload_is_not_taken_for_one(
+    tmp_path: Path,
+) -> None:
+    # The shape rule needs every byte after the CRC as padding has it: a payload byte set
+    # as well (beyond a burst from the header) leaves the salt to the rules with frames.
+    root = tmp_path / "spool"
+    seg, _msgs = padding_alone_segment(root)
+    data = bytearray(seg.read_bytes())
+    data[25] ^= 0x01
+    data[29] ^= 0x01
+    data[33] ^= 0x01
+    data[200] ^= 0x01
+    assert recover_salt(bytes(data)) is None
