@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from spool.agents import LISTENERS_ENV, listeners_text
 from spool.bouncing import Bouncer
 from spool.delay_warnings import DelayWarner
 from spool.options import RECORDED
@@ -112,6 +113,8 @@ def serve(
             stop_metrics = serve_metrics(sp, owner_info, *metrics)
             log.info("metrics on http://%s:%d/metrics", *metrics)
         server.start()
+        if smtp:  # the workers' agents know this relay by it (mail that would loop)
+            os.environ[LISTENERS_ENV] = listeners_text(smtp)
         supervisor.start()
         if smtp and smtp_processes:
             from spool.smtp_in import LOOPBACK

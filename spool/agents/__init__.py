@@ -14,8 +14,9 @@ Specs: ``demo``, ``maildir:PATH``, ``pipe:COMMAND``, ``smtp:HOST:PORT``, ``route
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from typing import Protocol
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Protocol
 
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
@@ -74,3 +75,25 @@ def load_agent(spec: str) -> Agent:
         raise SpoolMisuse(f"unknown agent {kind!r}: use one of {', '.join(sorted(AGENTS))}")
     agent: Agent = importlib.import_module(module).make(rest)
     return agent
+
+
+# The owner's SMTP listeners, for the workers' agents to know "myself" by (an exchanger
+# that is this relay: ``mx``). The owner sets it before it starts its workers, which
+# inherit it: ``HOST:PORT`` (``[IPv6]:PORT``) of each ``--smtp`` listener, space-separated.
+LISTENERS_ENV: Final = "SPOOL_SMTP_LISTENERS"
+
+
+def listeners_text(listeners: Sequence[tuple[str, int]]) -> str:
+    """``listeners`` as ``LISTENERS_ENV`` holds them."""
+    return " ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in listeners)
+
+
+def own_listeners() -> list[tuple[str, int]]:
+    """The (host, port) of each of the owner's SMTP listeners (none when it has none, or
+    when the agent runs outside ``spool serve``); a malformed entry is left out."""
+    found = []
+    for item in os.environ.get(LISTENERS_ENV, "").split():
+        host, _, port = item.rpartition(":")
+        if host and port.isdigit():
+            found.append((host.strip("[]"), int(port)))
+    return found

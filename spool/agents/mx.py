@@ -14,6 +14,11 @@ agent is chosen: a smarthost (``smtp:``) or a transport map (``routes:``) needs 
   session or fails the TLS level is left for the next; the last one's reason defers the
   group when none is left.
 - An address literal (``x@[192.0.2.1]``, ``x@[IPv6:2001:db8::1]``) is its own exchanger.
+- Mail never loops back to this relay (Postfix's "loops back to myself"): under ``spool
+  serve --smtp``, an exchanger address on which the owner listens at this agent's port
+  (or any address of this host, for a wildcard listener) is this relay. Exchangers of
+  its preference or higher are dropped (this relay is a backup MX: only better ones are
+  tried), and when none is left the recipients fail ``554 5.4.6``.
 - Each domain is its own group: an error in one (an agent failure, a timeout) defers that
   group only, never the groups already sent (``each_group``).
 - Replies of the domain's own making: a domain that does not exist (NXDOMAIN) fails
@@ -32,13 +37,15 @@ import functools
 import ipaddress
 import random
 import smtplib
+import socket
 import time
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
 
 from spool.addresses import domain_of
-from spool.agents import Replies, Report, each_group
+from spool.agents import Replies, Report, each_group, own_listeners
 from spool.agents.smtp import TLS_LEVELS, SmtpAgent, TlsRefused, port_number, tls_context
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
@@ -73,8 +80,12 @@ class MxAgent:
         tls: str = "may",
         cafile: str | None = None,
         nameserver: tuple[str, int] | None = None,
+        myself: Sequence[tuple[str, int]] = (),
     ) -> None:
+        """``myself``: the (host, port) of this relay's own SMTP listeners (``spool
+        serve`` passes the owner's): exchangers there are never connected to."""
         self.port, self.tls, self.cafile = port, tls, cafile
+        self.myself = _hosts_at(myself, port)
         try:
             resolver = dns.resolver.Resolver(configure=nameserver is None)
         except dns.resolver.NoResolverConfiguration:
@@ -134,7 +145,10 @@ class MxAgent:
         recipients without a connection. All its lookups together take at most
         ``DOMAIN_BUDGET`` seconds."""
         if domain.startswith("["):
-            return _literal(domain)
+            literal = _literal(domain)
+            if not isinstance(literal, str) and self.is_myself(literal[0].address):
+                return f"554 5.4.6 mail for {domain} loops back to myself"
+            return literal
         deadline = time.monotonic() + DOMAIN_BUDGET
         try:
             answer = self._resolve(domain, "MX", deadline)
@@ -150,8 +164,9 @@ class MxAgent:
         random.shuffle(records)  # then sorted by preference: ties in random order
         records.sort(key=lambda r: r[0])
         found: list[Exchanger] = []
+        preferences: list[int] = []  # of each address in ``found``
         failed: str | None = None  # why a lookup failed for now, if one did
-        for _preference, name in records:
+        for preference, name in records:
             for rdtype in ("A", "AAAA"):
                 if time.monotonic() >= deadline:
                     failed = failed or "timed out"
@@ -164,14 +179,30 @@ class MxAgent:
                     failed = _said(e)
                     continue
                 found += [Exchanger(name, r.address) for r in addresses]
+            preferences += [preference] * (len(found) - len(preferences))
             if len(found) >= ADDRESS_LIMIT:
                 break
+        mine = [p for p, e in zip(preferences, found, strict=True) if self.is_myself(e.address)]
+        if mine:
+            # This relay is one of the domain's exchangers: only better ones may take the
+            # mail from it (RFC 5321 5.1), and if there are none it would come back here.
+            found = [e for p, e in zip(preferences, found, strict=True) if p < min(mine)]
+            if not found:
+                return f"554 5.4.6 mail for {domain} loops back to myself"
         if found:
             unique = {e.address: e for e in reversed(found)}  # an address under two names
             return [e for e in found if unique[e.address] is e][:ADDRESS_LIMIT]
         if failed is not None:
             return f"451 4.4.3 DNS lookup of the exchangers of {domain} failed: {failed}"
         return f"550 5.4.4 {domain}: no address for its mail exchangers"
+
+    def is_myself(self, address: str) -> bool:
+        """Whether ``address`` (at this agent's port) is one of this relay's listeners."""
+        try:
+            normal = str(ipaddress.ip_address(address))
+        except ValueError:
+            return False
+        return normal in self.myself or ("*" in self.myself and _local_address(normal))
 
     def _resolve(self, name: str, rdtype: str, deadline: float) -> dns.resolver.Answer:
         """One lookup, within what is left of the domain's budget."""
@@ -182,6 +213,42 @@ class MxAgent:
         for agent in self._agents.values():
             agent.close()
         self._agents.clear()
+
+
+WILDCARDS: Final = ("", "0.0.0.0", "::")
+
+
+def _hosts_at(listeners: Sequence[tuple[str, int]], port: int) -> frozenset[str]:
+    """The addresses of the listeners on ``port`` ("*" for a wildcard one); a listener
+    given by name counts with each address the name has now."""
+    hosts: set[str] = set()
+    for host, at in listeners:
+        if at != port:
+            continue
+        if host in WILDCARDS:
+            hosts.add("*")
+            continue
+        try:
+            hosts.add(str(ipaddress.ip_address(host)))
+        except ValueError:  # a name ("localhost"): its addresses
+            try:
+                infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+            except OSError:
+                continue
+            hosts.update(str(ipaddress.ip_address(info[4][0])) for info in infos)
+    return frozenset(hosts)
+
+
+@functools.lru_cache(maxsize=256)
+def _local_address(address: str) -> bool:
+    """Whether ``address`` is one of this host's: only those can be bound to."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
 
 
 def _literal(domain: str) -> list[Exchanger] | str:
@@ -225,7 +292,13 @@ def make(argument: str) -> MxAgent:
         raise SpoolMisuse("cafile is for tls=verify")
     nameserver = _nameserver(fields["nameserver"]) if "nameserver" in fields else None
     tls_context(tls, fields.get("cafile"))  # a cafile that cannot be read: refused now
-    return MxAgent(port, tls=tls, cafile=fields.get("cafile"), nameserver=nameserver)
+    return MxAgent(
+        port,
+        tls=tls,
+        cafile=fields.get("cafile"),
+        nameserver=nameserver,
+        myself=own_listeners(),
+    )
 
 
 def _nameserver(text: str) -> tuple[str, int]:

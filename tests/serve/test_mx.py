@@ -16,8 +16,8 @@ from spool.agents.mx import MxAgent
 from spool.attempts import MessageEnvelope
 from spool.errors import SpoolMisuse
 from tests.serve.dns_server import DnsServer, Zone
-from tests.serve.running import owner
-from tests.serve.sink import Recorder, self_signed, server_context, start_sink
+from tests.serve.running import owner, read
+from tests.serve.sink import Recorder, free_port, self_signed, server_context, start_sink
 
 DATA = b"Subject: mx\r\n\r\nhello\r\n"
 OK = "250 2.0.0 queued"
@@ -39,6 +39,11 @@ def zone() -> Zone:
         "first.pref.test.": {"A": ["127.0.0.1"]},
         "second.pref.test.": {"A": ["127.0.0.3"]},
         "tls.test.": {"MX": ["10 mx.tls.test."]},
+        "loop.test.": {"MX": ["10 us.loop.test."]},
+        "us.loop.test.": {"A": ["127.0.0.1"]},
+        "secondary.test.": {"MX": ["20 us.loop.test.", "10 first.secondary.test."]},
+        "first.secondary.test.": {"A": ["127.0.0.2"]},  # nothing listens there
+        "tie.test.": {"MX": ["10 us.loop.test.", "10 first.secondary.test."]},
         "mx.tls.test.": {"A": ["127.0.0.1"]},
     }
 
@@ -66,6 +71,11 @@ def agent_for(dns_server: DnsServer, port: int) -> MxAgent:
     agent = load_agent(f"mx:port={port},nameserver=127.0.0.1:{dns_server.port}")
     assert isinstance(agent, MxAgent)
     return agent
+
+
+def relay_as(myself: list[tuple[str, int]], dns_server: DnsServer, port: int) -> MxAgent:
+    """The agent of a relay listening on ``myself``."""
+    return MxAgent(port, nameserver=("127.0.0.1", dns_server.port), myself=myself)
 
 
 def test_each_domain_goes_to_its_first_exchanger_that_answers(
@@ -161,6 +171,63 @@ def test_verify_checks_the_exchangers_name_not_the_address_it_connects_to(
         assert recorder.encrypted == ([True] if expected.startswith("250") else [])
         if not expected.startswith("250"):
             assert "mx.tls.test" in reply and "Hostname mismatch" in reply, reply
+
+
+@pytest.mark.parametrize("listener", ["127.0.0.1", "0.0.0.0", "localhost"])
+def test_mail_whose_best_exchanger_is_this_relay_fails_rather_than_loop(
+    dns_server: DnsServer, sink: tuple[Recorder, int], listener: str
+) -> None:
+    # The sink stands where this relay listens: a connection there would be mail to
+    # itself, coming back until its Received: fields ran out (Postfix: "loops back to
+    # myself"). A wildcard listener is every address of this host; a name, its addresses.
+    recorder, port = sink
+    agent = relay_as([(listener, port)], dns_server, port)
+    try:
+        replies = agent.deliver(
+            envelope("a@loop.test", "b@tie.test", "c@[127.0.0.1]", "d@implicit.test"), DATA
+        )
+    finally:
+        agent.close()
+    for rcpt in ("a@loop.test", "b@tie.test", "c@[127.0.0.1]", "d@implicit.test"):
+        domain = rcpt.split("@")[1]
+        assert replies[rcpt] == f"554 5.4.6 mail for {domain} loops back to myself", replies
+    assert recorder.received == [] and recorder.connections == 0
+
+
+def test_a_relay_that_is_a_backup_exchanger_tries_only_better_ones(
+    dns_server: DnsServer, sink: tuple[Recorder, int]
+) -> None:
+    recorder, port = sink
+    agent = relay_as([("127.0.0.1", port)], dns_server, port)
+    try:
+        [reply] = agent.deliver(envelope("a@secondary.test"), DATA).values()
+    finally:
+        agent.close()
+    # The primary is down: deferred, kept here, never sent on to this relay itself.
+    assert reply.startswith("451 4.4.1 cannot reach first.secondary.test[127.0.0.2]"), reply
+    assert recorder.received == []
+    agent = relay_as([("127.0.0.1", port + 1)], dns_server, port)  # listening elsewhere
+    try:  # the same exchanger is then another host: delivered to it
+        assert agent.deliver(envelope("a@secondary.test"), DATA) == {"a@secondary.test": OK}
+    finally:
+        agent.close()
+
+
+def test_the_workers_know_the_owners_listeners(tmp_path: Path, dns_server: DnsServer) -> None:
+    # End to end: the owner listens on SMTP, and loop.test's exchanger is this very
+    # listener. The message fails once, with the reason, and is not accepted again and
+    # again through the relay's own front door.
+    d = str(tmp_path / "spool")
+    port = free_port()
+    agent = f"mx:port={port},nameserver=127.0.0.1:{dns_server.port}"
+    with owner(d, "--smtp", f"127.0.0.1:{port}", "--agent", agent), spool.connect(d) as client:
+        client.accept("a@example.org", ["x@loop.test"], DATA)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and client.statistics().failed == 0:
+            time.sleep(0.1)
+        stats = client.statistics()
+    assert (stats.accepted, stats.failed, stats.delivered) == (1, 1, 0)
+    assert "loops back to myself" in read(d + ".log")
 
 
 @pytest.mark.parametrize(
