@@ -45,6 +45,7 @@ Errors:
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Callable, Container, Iterable, Iterator
 
@@ -175,6 +176,8 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
         pad_end = None
         if vouched is None:
             pad_end = _padding_end(data, pos, salt) or _burst_padding_end(data, pos, salt)
+            if pad_end is None and pos == fmt.SEGMENT_HEADER_SIZE:
+                pad_end = _padding_alone_in_shape(data, pos)  # whatever the salt
         if pad_end is not None:
             why = f"padding damaged ({reason})"
             items.append((pos, Region(number, pos, pad_end, RegionKind.PADDING, why)))
@@ -326,8 +329,10 @@ def recover_salt(data: bytes) -> int | None:
     ``SALT_BITS_MAX`` bits of it, or when a valid frame lies further on. With no frame
     that checks at all, the header's salt counts when the segment is its padding alone
     but for a burst that spared the padding's (salted) CRC; and a segment that is its
-    padding alone in all but the PAD's CRC holds nothing any salt could make a record of,
-    so it keeps the salt of its header put right by one bit, or its salt field as it reads.
+    padding alone in all but the PAD's CRC (and a few bits) holds nothing any salt could
+    make a record of, so it keeps the salt of its header put right by one bit, or the
+    PAD's, or its salt field as it reads. Before that, two frames in a row at a sector
+    boundary (each batch starts at one) confirm the salt they check with.
     A header one bit from consistent never outvotes a frame: a burst over its CRC or salt
     field can make it so with a wrong salt.
     """
@@ -374,16 +379,29 @@ def recover_salt(data: bytes) -> int | None:
         # burst that spares its CRC, which is salted, confirms the salt.
         if maybe is not None and _padding_alone_but_for_a_burst(data, first, maybe):
             return maybe
-    if _padding_alone_in_shape(data, first):
-        # Padding alone but for its CRC and the header: no byte of the segment can be a
-        # record, so no salt can make a message of it, and the repair rewrites the header
-        # (and the padding, unless it checks) with the salt chosen here: the salt of the
-        # header put right by one flipped bit (the field, or the value its CRC solves
-        # for); else the one the PAD checks with (the header alone was hit); else the field.
+    by_pair = _salt_of_two_frames_at_a_boundary(data)
+    if by_pair is not None:
+        return by_pair
+    end = _padding_alone_in_shape(data, first)
+    if end is not None:
+        # Padding alone but for a few bits, its CRC and the header: no byte of the segment
+        # can be a record, so no salt can make a message of it, and the repair rewrites
+        # the header (and the padding, unless it checks) with the salt chosen here. The
+        # salt the padding's CRC gives for the PAD frame it should be (its length to
+        # ``end``, its payload zeros), if that is the frame as it reads; else the salt of
+        # the header put right by one flipped bit (the field, or the value its CRC solves
+        # for); else that PAD's salt again (its length or payload hit, its CRC intact);
+        # else the field as it reads.
+        size = end - first - fmt.FRAME_HEADER_SIZE
+        shape = encode_frame(fmt.T_PAD, bytes(size), 0)
+        stored = int.from_bytes(data[first : first + 4], "little")
+        by_pad = _solve(functools.partial(crc32c, shape[4:]), stored)
+        if by_pad is not None and data[first:end] == encode_frame(fmt.T_PAD, bytes(size), by_pad):
+            return by_pad
         fixed = _header_one_bit_fixed(head)
         if fixed is not None:
             return segment_salt(fixed)
-        return by_frame if by_frame is not None else int(raw)
+        return by_pad if by_pad is not None else int(raw)
     return None
 
 
@@ -406,16 +424,51 @@ def _header_one_bit_fixed(head: bytes) -> bytes | None:
     return found[0] if len(found) == 1 else None
 
 
-def _padding_alone_in_shape(data: bytes, first: int) -> bool:
-    """Whether ``data`` from ``first`` is one PAD frame to a sector boundary in all but its
-    CRC (its length, its type, a payload of zeros), then nothing but zeros to the end: what
-    an open's checkpoint leaves in a fresh segment, whatever its CRC and header became."""
-    boundaries = range(fmt.SECTOR, len(data) + 1, fmt.SECTOR)
-    for end in (b for b in boundaries if b - first >= fmt.FRAME_HEADER_SIZE):
-        shape = encode_frame(fmt.T_PAD, bytes(end - first - fmt.FRAME_HEADER_SIZE), 0)
-        if data[first + 4 : end] == shape[4:] and not data[end:].strip(b"\0"):
-            return True
-    return False
+def _padding_alone_in_shape(data: bytes, first: int) -> int | None:
+    """Where the padding ends if ``data`` from ``first`` is one PAD frame to a sector
+    boundary in all but its CRC and at most ``PAD_BITS_MAX`` flipped bits (at most
+    ``PAD_HEADER_BITS_MAX`` of them in its length and type, the rest in its zero payload),
+    then nothing but zeros to the end: what an open's checkpoint leaves in a fresh
+    segment, whatever its CRC and its header became. No record is that near (its payload
+    holds a 16-digit id, dozens of set bits where this has zeros), nor bytes a lost write
+    zeroed (8 bits from the length and type). None if it is not that."""
+    if len(data) < first + fmt.FRAME_HEADER_SIZE:
+        return None
+    tail = data[first + fmt.FRAME_HEADER_SIZE :]
+    if len(tail) - tail.count(0) > PAD_BITS_MAX:
+        return None  # more non-zero bytes than flipped bits allowed: not padding
+    payload_bits = int.from_bytes(tail, "little").bit_count()
+    last = first + fmt.FRAME_HEADER_SIZE + len(tail.rstrip(b"\0"))  # zeros from here
+    header = data[first + 4 : first + fmt.FRAME_HEADER_SIZE]
+    low = max(last, first + fmt.FRAME_HEADER_SIZE)
+    for end in range(-(-low // fmt.SECTOR) * fmt.SECTOR, len(data) + 1, fmt.SECTOR):
+        length = end - first - fmt.FRAME_HEADER_SIZE
+        ideal = fmt.FRAME_HEADER.pack(0, length, fmt.T_PAD)[4:]
+        header_bits = _bits_apart(header, ideal)
+        if (
+            0 <= length <= fmt.FRAME_PAYLOAD_MAX
+            and header_bits <= PAD_HEADER_BITS_MAX  # zeros are 8 bits off: a lost write
+            and header_bits + payload_bits <= PAD_BITS_MAX
+        ):
+            return end
+    return None
+
+
+def _salt_of_two_frames_at_a_boundary(data: bytes) -> int | None:
+    """The salt that the first frame at some sector boundary and the frame after it both
+    check with, or None. Every batch starts on a sector boundary, so a segment that holds
+    more than its first batch has frames there; one frame checks with the salt solved
+    from its own CRC whatever it is, two together with a wrong one about once in 2^32.
+    For a header and a first frame both hit, when no other rule finds the salt."""
+    for at in range(fmt.SECTOR, len(data) - fmt.FRAME_HEADER_SIZE + 1, fmt.SECTOR):
+        crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, at)
+        end = at + fmt.FRAME_HEADER_SIZE + length
+        if ftype not in fmt.FRAME_TYPES or ftype == fmt.T_PAD or end >= len(data):
+            continue  # a PAD frame may stand alone in its sector: it confirms nothing
+        salt = _solve(functools.partial(crc32c, data[at + 4 : end]), crc)
+        if salt is not None and isinstance(parse_frame(data, end, salt), Frame):
+            return salt  # the frame at ``at`` checks with it by construction
+    return None
 
 
 def _padding_alone_but_for_a_burst(data: bytes, first: int, salt: int) -> bool:
@@ -631,6 +684,9 @@ def _was_padding(raw: bytes) -> bool:
 # and how far their stored CRC from that frame's, for them to be taken for that padding.
 PAD_BITS_MAX = 16
 PAD_CRC_BITS_MAX = 2
+# How far a padding-alone segment's PAD length and type may be from the frame's
+# (``_padding_alone_in_shape``): zeroed bytes, a lost write, are 8 bits from them.
+PAD_HEADER_BITS_MAX = 2
 
 
 def _near_padding(raw: bytes, salt: int) -> bool:

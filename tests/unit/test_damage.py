@@ -714,6 +714,10 @@ def test_a_burst_over_the_salt_field_one_bit_from_another_header_keeps_the_crcs_
         {26: 0x41, 27: 0x02, 28: 0xFF, 29: 0x01},  # a burst over the salt and CRC fields
         {25: 0x01, 29: 0x01, 33: 0x04},  # three hits: two header bits and the PAD's CRC
         {0: 0x20, 24: 0x01, 28: 0x01, 34: 0x40},
+        # From the review of the rule: beyond one burst, a few bits of the PAD hit too.
+        {24: 0x01, 28: 0x01, 37: 0x01},  # salt, CRC, and the PAD's length
+        {26: 0x26, 27: 0x0F, 28: 0x5A, 29: 0x33, 37: 0x01},  # a burst, and the length
+        {25: 0x01, 29: 0x01, 33: 0x01, 200: 0x01},  # and a bit of its zero payload
     ],
 )
 def test_a_segment_of_padding_alone_in_all_but_its_crcs_holds_nothing_whatever_the_salt(
@@ -735,16 +739,42 @@ def test_a_segment_of_padding_alone_in_all_but_its_crcs_holds_nothing_whatever_t
     repaired_keeping(root, msgs)
 
 
-def test_a_segment_of_padding_alone_but_for_one_byte_of_its_payload_is_not_taken_for_one(
+@pytest.mark.parametrize("salt_hit", [False, True])
+def test_a_zeroed_batch_after_the_header_is_damage_not_padding(
+    tmp_path: Path, salt_hit: bool
+) -> None:
+    # The padding-alone rule must not take bytes a lost write zeroed for padding: zeros
+    # are 8 bits from a PAD's length and type. They are damaged records (no id is left
+    # in them to name a message by, but the damage is reported, not passed over).
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        sp.accept("a@example.org", ["r@example.net"], b"x" * 100)
+    Spool.open(root).close()  # segment 1 is no longer the newest: all of it is durable
+    seg = segment(root, 1)
+    data = bytearray(seg.read_bytes())
+    assert len(data) == 2 * fmt.SECTOR  # its header, an open's padding, the accept's batch
+    data[32:] = bytes(len(data) - 32)
+    if salt_hit:
+        data[25] ^= 0x01
+    seg.write_bytes(bytes(data))
+    problems = [p.what for p in check_spool(str(root)).problems]
+    assert problems and not any("padding" in what for what in problems), problems
+    assert any("records damaged" in what or "unreadable" in what for what in problems)
+
+
+def test_a_header_and_the_first_frame_both_hit_keep_the_segments_other_mail(
     tmp_path: Path,
 ) -> None:
-    # The shape rule needs every byte after the CRC as padding has it: a payload byte set
-    # as well (beyond a burst from the header) leaves the salt to the rules with frames.
+    # From the review of the padding rule: a bit of the salt field, one of the header's
+    # CRC and one in the first frame. No candidate salt checked (the field, the header
+    # CRC's and the first frame's were all wrong), so the whole segment read as lost
+    # records and every message in it was named lost. Each batch starts at a sector
+    # boundary: two frames in a row there confirm the salt.
     root = tmp_path / "spool"
-    seg, _msgs = padding_alone_segment(root)
-    data = bytearray(seg.read_bytes())
-    data[25] ^= 0x01
-    data[29] ^= 0x01
-    data[33] ^= 0x01
-    data[200] ^= 0x01
-    assert recover_salt(bytes(data)) is None
+    with Spool.open(root) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    seg = segment(root, 1)
+    salt = int.from_bytes(seg.read_bytes()[24:28], "little")
+    flip(seg, 24, 28, 60)
+    assert recover_salt(seg.read_bytes()) == salt
+    repaired_keeping(root, msgs)
