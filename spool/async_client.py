@@ -62,6 +62,10 @@ class AsyncClient:
         )
         return msg_id
 
+    async def smtp_tally(self, counts: dict[str, int]) -> None:
+        """Give the owner this SMTP front-end process's figures (smtp_tally.py)."""
+        await self._call("smtp_tally", counts=dict(counts))
+
     async def claim(self, timeout: float | None = None) -> AsyncAttempt | None:
         found = await self.claim_many(1, timeout)
         return found[0] if found else None

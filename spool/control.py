@@ -25,6 +25,8 @@ from spool.errors import ProtocolError, SpoolError, SpoolMisuse, UnknownMessage
 from spool.operator import OperatorAction
 from spool.protocol import CLAIM_WAIT_MAX, VERSION
 from spool.records import Position
+from spool.smtp_tally import KEYS as TALLY_KEYS
+from spool.smtp_tally import SmtpTallies
 from spool.spool import Spool
 
 # The most attempts one ``claim`` hands out (a worker asks for several when many are due).
@@ -112,10 +114,12 @@ class Session:
         peer: Peer,
         owner_info: Callable[[], dict[str, Any]],
         stopping: threading.Event | None = None,
+        tallies: SmtpTallies | None = None,
     ) -> None:
         self.spool = spool
         self.peer = peer
         self._owner_info = owner_info
+        self._tallies = tallies if tallies is not None else SmtpTallies()
         self._stopping = stopping or threading.Event()  # set when the owner's stop begins
         self._lock = threading.Lock()
         self._attempts: dict[str, Attempt] = {}
@@ -135,6 +139,7 @@ class Session:
             "sync": self._sync,
             "checkpoint": self._checkpoint,
             "status": self._status,
+            "smtp_tally": self._smtp_tally,
         }
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
@@ -313,3 +318,13 @@ class Session:
 
     def _status(self, args: dict[str, Any]) -> dict[str, Any]:
         return self._owner_info()
+
+    def _smtp_tally(self, args: dict[str, Any]) -> None:
+        """A front-end process's figures since it started (smtp_tally.py): kept as its
+        last report, by its pid."""
+        counts = _arg(args, "counts", dict)
+        if not all(
+            k in TALLY_KEYS and type(v) is int and 0 <= v < 2**63 for k, v in counts.items()
+        ):
+            raise ProtocolError(f"counts must map some of {', '.join(TALLY_KEYS)} to integers")
+        self._tallies.record(self.peer.pid, counts)

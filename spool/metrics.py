@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from spool.histogram import BATCH_RECORDS_BOUNDS, FSYNC_SECONDS_BOUNDS, cumulative
+from spool.smtp_tally import CLASSES, COMMANDS
 from spool.spool import Spool
 
 QUEUE_EVERY: Final = 30.0  # seconds between walks of the live queue
@@ -141,6 +142,7 @@ class SpoolCollector(Collector):
                                   value=info["worker_restarts"])  # fmt: skip
         yield CounterMetricFamily("spool_worker_lease_kills", "Workers killed at their lease.",
                                   value=info["lease_kills"])  # fmt: skip
+        yield from _smtp(info.get("smtp"))
         for name, doc, value in (
             ("spool_recovery_seconds", "How long this start's recovery took.", r.seconds),
             ("spool_recovery_records_scanned", "Records recovery read.", r.records_scanned),
@@ -148,6 +150,28 @@ class SpoolCollector(Collector):
             ("spool_recovery_torn_bytes", "Torn bytes recovery cut.", r.torn_bytes_cut),
         ):
             yield GaugeMetricFamily(name, doc, value=value)
+
+
+def _smtp(counts: dict[str, int] | None) -> Iterator[Any]:
+    """The SMTP front end's figures (smtp_tally.py), when the owner serves SMTP."""
+    if counts is None:
+        return
+    yield CounterMetricFamily(
+        "spool_smtp_connections", "SMTP connections since start.", value=counts["connections"]
+    )
+    replies = CounterMetricFamily(
+        "spool_smtp_replies",
+        "Replies of the relay's policy to MAIL, RCPT and DATA, by command and class.",
+        labels=["command", "class"],
+    )
+    for command in COMMANDS:
+        for klass in CLASSES:
+            replies.add_metric([command.upper(), klass], counts[f"{command}_{klass}"])
+    yield replies
+    yield CounterMetricFamily(
+        "spool_smtp_accepted_bytes", "Bytes of the messages accepted over SMTP since start.",
+        value=counts["accepted_bytes"],
+    )  # fmt: skip
 
 
 def parse_listen(text: str) -> tuple[str, int]:

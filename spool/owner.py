@@ -37,6 +37,7 @@ from spool.client import UnixAddress, socket_path
 from spool.control import Peer, Session
 from spool.errors import PeerRefused, ProtocolError, SpoolError
 from spool.protocol import DEFAULT_MAX_FRAME, Decoder, ErrorReply, Reply, Request, encode
+from spool.smtp_tally import SmtpTallies
 from spool.spool import Spool
 
 ACCEPT_RETRY: Final = 0.1  # seconds before accepting again after a failure (EMFILE)
@@ -82,9 +83,11 @@ class ControlServer:
         owner_info: Callable[[], dict[str, Any]],
         *,
         allowed_uid: int | None = None,
+        tallies: SmtpTallies | None = None,
     ) -> None:
         self.spool = spool
         self._owner_info = owner_info
+        self.tallies = tallies if tallies is not None else SmtpTallies()  # SMTP figures
         self._allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self._max_frame = max(DEFAULT_MAX_FRAME, spool.options.max_message_size + ENVELOPE_ROOM)
         self._connections: dict[int, Connection] = {}
@@ -178,7 +181,7 @@ class ControlServer:
             _send(sock, threading.Lock(), ErrorReply(0, type(error).__name__, str(error)))
             sock.close()
             return
-        session = Session(self.spool, peer, self._owner_info, self._stopping)
+        session = Session(self.spool, peer, self._owner_info, self._stopping, self.tallies)
         connection = Connection(sock, session, threading.current_thread())
         with self._lock:
             self._connections[id(connection)] = connection

@@ -95,6 +95,7 @@ def serve(
             "smtp_processes": front.pids() if hasattr(front, "pids") else [],
             "worker_restarts": 0 if supervisor is None else supervisor.restarts,
             "lease_kills": 0 if supervisor is None else supervisor.lease_kills,
+            "smtp": server.tallies.total() if smtp else None,  # smtp_tally.py
         }
 
     server = ControlServer(sp, owner_info)
@@ -144,6 +145,7 @@ def serve(
                 relay_domains=relay_domains,
                 tls=None if tls is None else tls_context(*tls),
             )
+            server.tallies.own = front.handler.tally
             front.start()
         if sp.options.outcomes:
             bouncer = Bouncer(sp, smtp_hostname or socket.getfqdn())

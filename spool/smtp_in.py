@@ -55,6 +55,7 @@ from spool.errors import (
     SpoolClosed,
     SpoolFailed,
 )
+from spool.smtp_tally import SmtpTally
 
 log = logging.getLogger("spool.smtp")
 
@@ -109,9 +110,14 @@ class SmtpSession(SMTP):
             status = _ENHANCED.get(status, status)
         await super().push(status)
 
+    counted = False  # whether this connection is in the tally (STARTTLS comes here again)
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.event_handler.sessions.add(self)  # (again after STARTTLS: the same session)
+        if not self.counted:
+            self.counted = True
+            self.event_handler.tally.connection()
 
     def connection_lost(self, error: Exception | None) -> None:
         self.event_handler.sessions.discard(self)
@@ -174,6 +180,7 @@ class SpoolHandler:
         # Compared as domain_of() gives a recipient's domain: A-labels, lower case.
         self.relay_domains = {domain_of("postmaster@" + d.rstrip(".")) for d in relay_domains}
         self.max_recipients = max_recipients
+        self.tally = SmtpTally()  # for --metrics and status (smtp_tally.py)
 
     def trusted(self, peer: Any) -> bool:
         """Whether the client's address is in ``mynetworks`` (a Unix socket peer is local)."""
@@ -207,6 +214,11 @@ class SpoolHandler:
         address: str,
         mail_options: list[str],
     ) -> str:
+        reply = self._mail(envelope, address, mail_options)
+        self.tally.reply("mail", reply)
+        return reply
+
+    def _mail(self, envelope: Envelope, address: str, mail_options: list[str]) -> str:
         sender = "" if address == "<>" else address
         try:
             check_sender(sender)
@@ -223,6 +235,13 @@ class SpoolHandler:
         envelope: Envelope,
         address: str,
         rcpt_options: list[str],
+    ) -> str:
+        reply = self._rcpt(session, envelope, address, rcpt_options)
+        self.tally.reply("rcpt", reply)
+        return reply
+
+    def _rcpt(
+        self, session: Session, envelope: Envelope, address: str, rcpt_options: list[str]
     ) -> str:
         try:
             check_mailbox(address)
@@ -245,6 +264,11 @@ class SpoolHandler:
         return "250 2.1.5 Ok"
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        reply = await self._data(session, envelope)
+        self.tally.reply("data", reply)
+        return reply
+
+    async def _data(self, session: Session, envelope: Envelope) -> str:
         content = envelope.original_content or b""
         if hops(content) >= HOPCOUNT_LIMIT:
             # A loop (two relays sending to each other, or to themselves): refused before
@@ -265,6 +289,7 @@ class SpoolHandler:
         except (SpoolFailed, SpoolClosed, OwnerUnreachable) as e:
             log.error("accept failed: %s", e)
             return "451 4.3.0 Local error in processing, try again later"
+        self.tally.accepted(len(data))
         return f"250 2.0.0 Ok: queued as {msg_id}"
 
     def received(self, session: Session, envelope: Envelope) -> bytes:
@@ -381,5 +406,13 @@ class SmtpFrontEnd:
 class _Controller(Controller):
     """aiosmtpd's Controller building this module's ``SmtpSession``."""
 
+    checked = False  # whether the Controller's own check that it is up was made
+
     def factory(self) -> SMTP:
-        return SmtpSession(self.handler, **self.SMTP_kwargs)
+        session = SmtpSession(self.handler, **self.SMTP_kwargs)
+        if not self.checked:
+            # ``start`` connects once to see the server up (aiosmtpd's _trigger_server):
+            # the first session of each listener is that, not a client, and not counted.
+            self.checked = True
+            session.counted = True
+        return session

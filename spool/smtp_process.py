@@ -38,7 +38,7 @@ from typing import Final
 
 import click
 
-from spool.async_client import aconnect
+from spool.async_client import AsyncClient, aconnect
 from spool.errors import SpoolError
 from spool.logs import setup_logging
 from spool.smtp_in import (
@@ -50,6 +50,7 @@ from spool.smtp_in import (
     size_limit,
     tls_context,
 )
+from spool.smtp_tally import SEND_EVERY
 from spool.supervisor import ProcessGroup
 
 log = logging.getLogger("spool.smtp")
@@ -180,16 +181,38 @@ async def serve_sockets(
     servers = [await loop.create_server(session, sock=sock) for sock in sockets]
     stopping = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    sent: dict[str, int] = {}
+    next_report = time.monotonic()
     while not stopping.is_set() and not client.client.closed:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), OWNER_CHECK)
+        if time.monotonic() >= next_report:
+            sent = await _report_tally(client, handler, sent)
+            next_report = time.monotonic() + SEND_EVERY
     owner_gone = not stopping.is_set()
     if owner_gone:
         log.warning("the owner went away: closing the SMTP sessions")
     for server in servers:
         server.close()  # no new connections
     await shut_sessions(handler.sessions, time.monotonic() + (0 if owner_gone else STOP_GRACE))
+    if not owner_gone:
+        await _report_tally(client, handler, sent)  # the last figures, sessions all answered
     await client.close()
+
+
+async def _report_tally(
+    client: AsyncClient, handler: SpoolHandler, sent: dict[str, int]
+) -> dict[str, int]:
+    """Send the owner this process's figures if they changed; the figures it has."""
+    counts = handler.tally.snapshot()
+    if counts == sent:
+        return sent
+    try:
+        await client.smtp_tally(counts)
+    except SpoolError as e:  # an owner gone (noticed by the loop), or an older one
+        log.debug("SMTP figures not taken: %s", e)
+        return sent
+    return counts
 
 
 @click.command()

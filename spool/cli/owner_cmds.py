@@ -323,6 +323,13 @@ def status(directory: str, as_json: bool) -> None:
     if info.get("smtp_processes"):  # an owner from before them has no such field
         pids = ", ".join(str(p) for p in info["smtp_processes"])
         click.echo(f"smtp processes: {len(info['smtp_processes'])} (pids {pids})")
+    smtp = info.get("smtp")  # None without --smtp (and from an owner before the figures)
+    if smtp:
+        refused = sum(smtp[f"{c}_{k}"] for c in ("mail", "rcpt", "data") for k in ("4xx", "5xx"))
+        click.echo(
+            f"smtp since start: {smtp['connections']} connections, {smtp['data_2xx']} "
+            f"messages accepted ({smtp['accepted_bytes']} bytes), {refused} commands refused"
+        )
     click.echo(
         "since start: accepted {accepted}, delivered {delivered}, deferred {deferred}, "
         "failed {failed}, expired {expired} (recipients); {in_flight} in flight; "

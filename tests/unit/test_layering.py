@@ -70,6 +70,7 @@ LAYERS: list[set[str]] = [
         "bouncing",
         "delay_warnings",
         "background",
+        "smtp_tally",
     },
     {"__init__"},
     {"check", "cli", "__main__", "analytics"},
