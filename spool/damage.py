@@ -331,10 +331,12 @@ def recover_salt(data: bytes) -> int | None:
     but for a burst that spared the padding's (salted) CRC; and a segment that is its
     padding alone in all but the PAD's CRC (and a few bits) holds nothing any salt could
     make a record of, so it keeps the salt of its header put right by one bit, or the
-    PAD's, or its salt field as it reads. Before that, two frames in a row at a sector
-    boundary (each batch starts at one) confirm the salt they check with.
-    A header one bit from consistent never outvotes a frame: a burst over its CRC or salt
-    field can make it so with a wrong salt.
+    PAD's, or its salt field as it reads. Salt 0 is a candidate only when the version
+    field does not say the current version (whose salts are random): message data could
+    hold frames made with salt 0, or with any salt an author chose, which is why no frame
+    found at random confirms a salt that is not one of the candidates. A header one bit
+    from consistent never outvotes a frame: a burst over its CRC or salt field can make it
+    so with a wrong salt.
     """
     first = fmt.SEGMENT_HEADER_SIZE
     head = data[: fmt.SEGMENT_HEADER_SIZE]
@@ -349,7 +351,9 @@ def recover_salt(data: bytes) -> int | None:
     by_frame = _solve(lambda x: crc32c(covered, x), crc)
     if by_frame is not None:
         candidates.append(by_frame)
-    candidates.append(0)
+    version = fmt.SEGMENT_HEADER.unpack_from(head)[1]
+    zero = [] if version == fmt.FORMAT_VERSION else [0]  # version 1: salt 0
+    candidates += zero
     for salt in candidates:
         frame = parse_frame(data, first, salt)
         if not isinstance(frame, Frame):
@@ -370,7 +374,7 @@ def recover_salt(data: bytes) -> int | None:
         # checks with some salt whatever it is; that salt within a few bits of the salt
         # field is the field's, damaged (a random salt is that near once in 10^5).
         return by_frame
-    for maybe in (int(raw), by_header, by_frame, 0):
+    for maybe in (int(raw), by_header, by_frame, *zero):
         # The first frame is damaged too: a valid frame further on confirms a salt.
         if maybe is not None and _resync(data, first, maybe, None) < len(data):
             return maybe
@@ -379,9 +383,6 @@ def recover_salt(data: bytes) -> int | None:
         # burst that spares its CRC, which is salted, confirms the salt.
         if maybe is not None and _padding_alone_but_for_a_burst(data, first, maybe):
             return maybe
-    by_pair = _salt_of_two_frames_at_a_boundary(data)
-    if by_pair is not None:
-        return by_pair
     end = _padding_alone_in_shape(data, first)
     if end is not None:
         # Padding alone but for a few bits, its CRC and the header: no byte of the segment
@@ -451,23 +452,6 @@ def _padding_alone_in_shape(data: bytes, first: int) -> int | None:
             and header_bits + payload_bits <= PAD_BITS_MAX
         ):
             return end
-    return None
-
-
-def _salt_of_two_frames_at_a_boundary(data: bytes) -> int | None:
-    """The salt that the first frame at some sector boundary and the frame after it both
-    check with, or None. Every batch starts on a sector boundary, so a segment that holds
-    more than its first batch has frames there; one frame checks with the salt solved
-    from its own CRC whatever it is, two together with a wrong one about once in 2^32.
-    For a header and a first frame both hit, when no other rule finds the salt."""
-    for at in range(fmt.SECTOR, len(data) - fmt.FRAME_HEADER_SIZE + 1, fmt.SECTOR):
-        crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, at)
-        end = at + fmt.FRAME_HEADER_SIZE + length
-        if ftype not in fmt.FRAME_TYPES or ftype == fmt.T_PAD or end >= len(data):
-            continue  # a PAD frame may stand alone in its sector: it confirms nothing
-        salt = _solve(functools.partial(crc32c, data[at + 4 : end]), crc)
-        if salt is not None and isinstance(parse_frame(data, end, salt), Frame):
-            return salt  # the frame at ``at`` checks with it by construction
     return None
 
 
@@ -562,7 +546,7 @@ def _classify(
         or _was_padding(raw)
         or _near_padding(raw, salt)
         or _padding_but_for_a_burst(raw, salt)
-        or end - start < RECORD_FRAME_MIN
+        or (end - start < RECORD_FRAME_MIN and not _cut_record(data, start, end))
     ):
         return Region(number, start, end, RegionKind.PADDING, f"padding damaged ({reason})")
     known = single_record(data[start:end])
@@ -667,6 +651,17 @@ def single_record(raw: bytes) -> rec.Record | None:
         # (``Assessment._region``).
         return None
     return record
+
+
+def _cut_record(data: bytes, start: int, end: int) -> bool:
+    """Whether the region is the start of a record frame the end of the file cut (a
+    segment file shortened): its header reads as a record's, its length runs past the end.
+    Then it held a record however few bytes are left; between two frames a region that
+    small cannot have."""
+    if end != len(data) or end - start < fmt.FRAME_HEADER_SIZE:
+        return False
+    _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, start)
+    return ftype in fmt.FRAME_TYPES and ftype != fmt.T_PAD and start + 9 + length > end
 
 
 def _was_padding(raw: bytes) -> bool:
@@ -794,10 +789,15 @@ def replacement(region: Region, salt: int, at: float, copy: str) -> bytes:
 
     A damaged body too small for even the last marker is replaced by a PAD frame of its
     size, which after a first envelope stands for its body (``_set_aside_body``). A records
-    region is never that small (``RECORD_FRAME_MIN`` > the last marker's size)."""
+    region smaller than ``RECORD_FRAME_MIN`` (> the last marker's size) is only ever at the
+    end of a file, and its marker is ``RECORD_FRAME_MIN`` bytes: the file grows."""
     size = region.end - region.start
     if region.kind is RegionKind.PADDING and not region.sup:
         return pad_frame(size, salt)
+    if size < RECORD_FRAME_MIN and region.kind is not RegionKind.BODY:
+        # Records cut by the end of a shortened file (``_cut_record``), or an unreadable
+        # segment shorter than a marker: the marker runs past where the file ended.
+        size = RECORD_FRAME_MIN
     target = region.body_of or region.lost_target
     when = int(at)  # an integer time is valid and takes 5 bytes, not 9
     body, lost, sup = region.body_bytes, region.lost, region.sup

@@ -762,19 +762,70 @@ def test_a_zeroed_batch_after_the_header_is_damage_not_padding(
     assert any("records damaged" in what or "unreadable" in what for what in problems)
 
 
-def test_a_header_and_the_first_frame_both_hit_keep_the_segments_other_mail(
-    tmp_path: Path,
-) -> None:
-    # From the review of the padding rule: a bit of the salt field, one of the header's
-    # CRC and one in the first frame. No candidate salt checked (the field, the header
-    # CRC's and the first frame's were all wrong), so the whole segment read as lost
-    # records and every message in it was named lost. Each batch starts at a sector
-    # boundary: two frames in a row there confirm the salt.
+def test_a_header_and_the_first_frame_both_hit_name_the_segments_mail(tmp_path: Path) -> None:
+    # Three places hit (the salt field, the header's CRC, the first frame): no candidate
+    # salt checks, and none may be taken from frames found elsewhere (the next test). The
+    # segment is unreadable and every message in it is named, never dropped unsaid.
     root = tmp_path / "spool"
     with Spool.open(root) as sp:
         msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
-    seg = segment(root, 1)
-    salt = int.from_bytes(seg.read_bytes()[24:28], "little")
-    flip(seg, 24, 28, 60)
-    assert recover_salt(seg.read_bytes()) == salt
-    repaired_keeping(root, msgs)
+    flip(segment(root, 1), 24, 28, 60)
+    report = repair_spool(str(root))
+    assert {m for m, _fate in report.fates} == set(msgs)
+    assert report.after.clean, report.after.problems
+
+
+@pytest.mark.parametrize("evil", [0x41414141, 0])
+def test_frames_a_message_body_carries_never_confirm_a_salt(tmp_path: Path, evil: int) -> None:
+    # Found by review: a rule that took the salt from two frames in a row at any sector
+    # boundary (every batch starts at one) confirmed one a sender chose, by putting such
+    # a pair in a message body at a boundary: with the header and the first frame hit, the
+    # repair read the body's forged "hold" of another message as a record and held it.
+    # Salt 0 (version 1's) was a candidate for every segment, so a forged frame with it
+    # anywhere confirmed it in the same way: it is one only for a version-1 header.
+    root = tmp_path / "spool"
+    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
+        victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
+        forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), evil)
+        forged += encode_frame(fmt.T_PAD, b"", evil)
+        body = bytearray(b"A" * 2000)
+        body[512 - 182 : 512 - 182 + len(forged)] = forged  # the data starts at offset 182
+        sp.accept("evil@example.org", ["x@example.net"], bytes(body))
+    seg = segment(root, 3)
+    data = bytearray(seg.read_bytes())
+    assert parse_frame(bytes(data), 512, evil) == parse_frame(forged, 0, evil)  # in place
+    for at, mask in zip(range(26, 30), (0x41, 0x02, 0xFF, 0x01), strict=True):
+        data[at] ^= mask  # a burst over the salt and CRC fields
+    data[60] ^= 0x01  # and a bit of the first frame
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data)) != evil
+    repair_spool(str(root))
+    forged_read = [
+        r for _p, r in records_of(root, rec.Control) if r.action == "hold" and r.why == "x"
+    ]
+    assert forged_read == []
+
+
+@pytest.mark.parametrize("header_hit", [False, True])
+def test_a_segment_file_cut_inside_its_first_record_is_damage(
+    tmp_path: Path, header_hit: bool
+) -> None:
+    # Found by review: a segment (not the newest) cut 19 bytes into its first envelope.
+    # Fewer bytes than any record were taken for padding: the message vanished with
+    # nothing said; with its salt field hit too, the repair raised AssertionError (no
+    # marker fits). A record frame's header whose length runs past the end of the file is
+    # a cut record, and its marker may run past where the file ended.
+    root = tmp_path / "spool"
+    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
+        for i in range(3):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 30)
+    seg = segment(root, 2)
+    data = bytearray(seg.read_bytes()[:51])
+    if header_hit:
+        data[27] ^= 0x10
+    seg.write_bytes(bytes(data))
+    problems = [p.what for p in check_spool(str(root)).problems]
+    assert any("records damaged" in w or "unreadable" in w for w in problems), problems
+    report = repair_spool(str(root))
+    assert report.after.clean, report.after.problems
+    Spool.open(root, clock=FakeClock()).close()
