@@ -16,6 +16,8 @@ Each message says what to do next.
 
 from __future__ import annotations
 
+import os
+
 
 class SpoolError(Exception):
     """Base class of every spool error; never raised itself."""
@@ -152,6 +154,22 @@ class OwnerUnreachable(SpoolError):
 class PeerRefused(SpoolError):
     """The owner refused this connection: it comes from another user than the spool's.
     Run the command as the spool's owner (or root)."""
+
+
+class CannotListen(SpoolError):
+    """``spool serve`` cannot listen where it was asked (``--smtp``, ``--metrics``): the
+    address is in use (another process, or an owner already running), not this host's, or
+    a port below 1024 without the privilege. Stop what listens there or give another
+    address; nothing was started."""
+
+    def __init__(self, what: str, host: str, port: int, error: OSError) -> None:
+        self.what, self.host, self.port = what, host, port
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        super().__init__(
+            f"cannot listen on {where} for {what}: {reason}: stop what listens there or "
+            "give another address"
+        )
 
 
 class NotASpool(SpoolError):

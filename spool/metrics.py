@@ -23,6 +23,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from spool.errors import CannotListen
 from spool.histogram import BATCH_RECORDS_BOUNDS, FSYNC_SECONDS_BOUNDS, cumulative
 from spool.smtp_tally import CLASSES, COMMANDS
 from spool.spool import Spool
@@ -188,7 +189,10 @@ def serve_metrics(
     """Serve ``/metrics`` on ``host:port`` in a thread; return the function that stops it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpoolCollector(spool, owner_info))
-    server, thread = start_http_server(port, host, registry=registry)
+    try:
+        server, thread = start_http_server(port, host, registry=registry)
+    except OSError as e:
+        raise CannotListen("--metrics", host, port, e) from None
 
     def stop() -> None:
         server.shutdown()

@@ -129,7 +129,8 @@ class ControlServer:
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
-        self._acceptor.join(timeout=5)
+        if self._acceptor.ident is not None:  # started (a start that failed before it: not)
+            self._acceptor.join(timeout=5)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         with self._lock:

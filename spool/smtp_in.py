@@ -47,6 +47,7 @@ from spool.addresses import check_mailbox, check_sender, domain_of, mailbox_key
 from spool.async_spool import AsyncSpool
 from spool.dsn import header_section
 from spool.errors import (
+    CannotListen,
     DiskFull,
     InvalidAddress,
     InvalidMessage,
@@ -370,14 +371,18 @@ class SmtpFrontEnd:
         ]
 
     def start(self) -> None:
-        """Bind every listener (``OSError`` if one cannot be: nothing is left listening)."""
+        """Bind every listener (``CannotListen`` if one cannot be: nothing is left
+        listening)."""
         # aiosmtpd logs every command at INFO ("mail.log"), addresses included: the owner's
         # log keeps its own lines (the delivery log names each accepted message).
         logging.getLogger("mail.log").setLevel(logging.WARNING)
         started: list[_Controller] = []
         try:
             for c in self.controllers:
-                c.start()
+                try:
+                    c.start()
+                except OSError as e:
+                    raise CannotListen("--smtp", c.hostname, c.port, e) from None
                 started.append(c)
                 log.info("smtp on %s:%d", c.hostname, c.port)
         except BaseException:

@@ -39,7 +39,7 @@ from typing import Final
 import click
 
 from spool.async_client import AsyncClient, aconnect
-from spool.errors import SpoolError
+from spool.errors import CannotListen, SpoolError
 from spool.logs import setup_logging
 from spool.smtp_in import (
     LOOPBACK,
@@ -60,9 +60,12 @@ BACKLOG: Final = 1024  # connections queued on a listener before the processes t
 
 def bind_listener(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host``:``port`` that child processes inherit;
-    ``OSError`` if it cannot be bound."""
+    ``CannotListen`` if it cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    except OSError as e:
+        raise CannotListen("--smtp", host, port, e) from None
     sock.set_inheritable(True)
     return sock
 
@@ -98,8 +101,8 @@ class SmtpProcesses(ProcessGroup):
         self.sockets: list[socket.socket] = []
 
     def start(self) -> None:
-        """Bind every listener (``OSError`` if one cannot be: none is left bound), then
-        start the processes."""
+        """Bind every listener (``CannotListen`` if one cannot be: none is left bound),
+        then start the processes."""
         try:
             for host, port in self.listeners:
                 self.sockets.append(bind_listener(host, port))

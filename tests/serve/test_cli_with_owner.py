@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from spool import Spool
 from tests.serve.running import ROOT, owner
@@ -156,6 +159,36 @@ def test_metrics_are_served_in_prometheus_text_format(tmp_path: Path) -> None:
 def test_serve_refuses_a_bad_metrics_address(tmp_path: Path) -> None:
     done = spool_cmd("serve", str(tmp_path / "spool"), "--metrics", "9100")
     assert done.returncode == 2 and "HOST:PORT" in done.stderr
+
+
+@pytest.mark.parametrize("option", ["--metrics", "--smtp", "--smtp-processes"])
+def test_an_address_in_use_is_one_line_and_leaves_nothing_running(
+    tmp_path: Path, option: str
+) -> None:
+    # Found by trying it: --metrics on a port already taken raised from the stop that
+    # followed (a control server never started was joined): a traceback, the cause lost.
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    d = str(tmp_path / "spool")
+    args = {
+        "--metrics": ["--metrics", f"127.0.0.1:{port}"],
+        "--smtp": ["--smtp", f"127.0.0.1:{port}"],
+        "--smtp-processes": ["--smtp", f"127.0.0.1:{port}", "--smtp-processes", "1"],
+    }[option]
+    try:
+        done = spool_cmd("serve", d, *args)
+    finally:
+        taken.close()
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    what = "--smtp" if option.startswith("--smtp") else option
+    assert lines[-1] == (
+        f"spool: cannot listen on 127.0.0.1:{port} for {what}: Address already in use: "
+        "stop what listens there or give another address"
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "spool" / "control.sock").exists()
+    Spool.open(d).close()  # the lock is free
 
 
 def test_ctrl_c_stops_the_owner_cleanly_and_json_logs_are_json(tmp_path: Path) -> None:
