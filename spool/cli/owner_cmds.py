@@ -327,11 +327,17 @@ def status(directory: str, as_json: bool) -> None:
     if smtp:
         refused = sum(smtp[f"{c}_{k}"] for c in ("mail", "rcpt", "data") for k in ("4xx", "5xx"))
         click.echo(
-            f"smtp since start: {smtp['connections']} connections, {smtp['data_2xx']} "
-            f"messages accepted ({smtp['accepted_bytes']} bytes), {refused} commands refused"
+            f"smtp since start: {_count(smtp['connections'], 'connection')}, "
+            f"{_count(smtp['data_2xx'], 'message')} accepted ({smtp['accepted_bytes']} bytes), "
+            f"{_count(refused, 'command')} refused"
         )
     click.echo(
         "since start: accepted {accepted}, delivered {delivered}, deferred {deferred}, "
         "failed {failed}, expired {expired} (recipients); {in_flight} in flight; "
         "{fsyncs} fsyncs".format(**counters)
     )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 connection``, ``2 connections``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

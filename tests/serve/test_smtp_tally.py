@@ -94,7 +94,7 @@ def test_metrics_and_status_count_what_the_front_end_did(tmp_path: Path, process
     assert figures['spool_smtp_replies_total{class="5xx",command="RCPT"}'] == 1
     assert figures['spool_smtp_replies_total{class="4xx",command="DATA"}'] == 0
     assert figures["spool_smtp_accepted_bytes_total"] > 2 * len(MESSAGE)  # with Received:
-    assert "smtp since start: 1 connections, 2 messages accepted" in status.stdout
+    assert "smtp since start: 1 connection, 2 messages accepted" in status.stdout
     assert "2 commands refused" in status.stdout
 
 
