@@ -378,6 +378,9 @@ def recover_salt(data: bytes) -> int | None:
         # The first frame is damaged too: a valid frame further on confirms a salt.
         if maybe is not None and _resync(data, first, maybe, None) < len(data):
             return maybe
+    chained = _salt_after_a_damaged_first_frame(data, first)
+    if chained is not None:
+        return chained
     for maybe in (int(raw), by_header):
         # Nothing checks: a fresh segment's padding alone, hit as well. Padding but for a
         # burst that spares its CRC, which is salted, confirms the salt.
@@ -404,6 +407,28 @@ def recover_salt(data: bytes) -> int | None:
             return segment_salt(fixed)
         return by_pad if by_pad is not None else int(raw)
     return None
+
+
+def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:
+    """The salt when the header and the first frame were both hit: the frame where the
+    first one's length field says it ends was written by the spool (no message data can
+    stand there), so the salt solved from its CRC is the segment's if the frame after it
+    checks with it too and the first frame is one flipped bit from checking with it.
+    A frame found anywhere else could be message data made with a salt of its author's
+    choosing; this one could only if the first frame's length were hit as well and it
+    then were one bit from checking with that salt: about 2^-32 * its size in bits."""
+    _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, first)
+    second = first + fmt.FRAME_HEADER_SIZE + length
+    if ftype not in fmt.FRAME_TYPES or second + fmt.FRAME_HEADER_SIZE > len(data):
+        return None
+    crc, length2, type2 = fmt.FRAME_HEADER.unpack_from(data, second)
+    third = second + fmt.FRAME_HEADER_SIZE + length2
+    if type2 not in fmt.FRAME_TYPES or third >= len(data):
+        return None
+    salt = _solve(functools.partial(crc32c, data[second + 4 : third]), crc)
+    if salt is None or not isinstance(parse_frame(data, third, salt), Frame):
+        return None
+    return salt if one_bit_fixed(data[first:second], salt) is not None else None
 
 
 def _header_one_bit_fixed(head: bytes) -> bytes | None:
@@ -533,6 +558,8 @@ def _classify(
     if vouched is not None:
         msg_id, body_end = vouched
         size = min(body_end, end) - start
+        if end == len(data) < body_end:
+            size = body_end - start  # a file cut inside the body: all of it is lost
         if end <= body_end:
             why = f"body of {msg_id} damaged ({reason})"
             return Region(number, start, end, RegionKind.BODY, why, msg_id, size)
@@ -657,9 +684,13 @@ def _cut_record(data: bytes, start: int, end: int) -> bool:
     """Whether the region is the start of a record frame the end of the file cut (a
     segment file shortened): its header reads as a record's, its length runs past the end.
     Then it held a record however few bytes are left; between two frames a region that
-    small cannot have."""
-    if end != len(data) or end - start < fmt.FRAME_HEADER_SIZE:
+    small cannot have. Fewer bytes than a frame header at the end: a frame cut whose
+    type is gone with the rest, taken for records (a PAD frame's place grows by a marker
+    then, where it could not even hold a PAD frame)."""
+    if end != len(data):
         return False
+    if end - start < fmt.FRAME_HEADER_SIZE:
+        return True
     _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, start)
     return ftype in fmt.FRAME_TYPES and ftype != fmt.T_PAD and start + 9 + length > end
 
@@ -792,6 +823,10 @@ def replacement(region: Region, salt: int, at: float, copy: str) -> bytes:
     region smaller than ``RECORD_FRAME_MIN`` (> the last marker's size) is only ever at the
     end of a file, and its marker is ``RECORD_FRAME_MIN`` bytes: the file grows."""
     size = region.end - region.start
+    if region.kind is RegionKind.BODY:
+        # A BODY frame the end of a shortened file cut: its stand-in reaches the end its
+        # envelope announced (``_classify``), the file grows to it.
+        size = max(size, region.body_bytes)
     if region.kind is RegionKind.PADDING and not region.sup:
         return pad_frame(size, salt)
     if size < RECORD_FRAME_MIN and region.kind is not RegionKind.BODY:

@@ -762,17 +762,32 @@ def test_a_zeroed_batch_after_the_header_is_damage_not_padding(
     assert any("records damaged" in what or "unreadable" in what for what in problems)
 
 
-def test_a_header_and_the_first_frame_both_hit_name_the_segments_mail(tmp_path: Path) -> None:
-    # Three places hit (the salt field, the header's CRC, the first frame): no candidate
-    # salt checks, and none may be taken from frames found elsewhere (the next test). The
-    # segment is unreadable and every message in it is named, never dropped unsaid.
+def test_a_header_and_the_first_frame_both_hit_keep_the_segments_mail(tmp_path: Path) -> None:
+    # Found by the reviews: a bit of the salt field, one of the header's CRC and one in
+    # the first frame (or a burst over both fields and a bit of the open's padding): no
+    # candidate salt checked, and the whole segment was named lost. The frame where the
+    # first one ends was written by the spool: its CRC gives the salt, confirmed by the
+    # frame after it and by the first frame being one bit from checking with it.
     root = tmp_path / "spool"
     with Spool.open(root) as sp:
         msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
     flip(segment(root, 1), 24, 28, 60)
-    report = repair_spool(str(root))
-    assert {m for m, _fate in report.fates} == set(msgs)
-    assert report.after.clean, report.after.problems
+    repaired_keeping(root, msgs)
+
+
+def test_a_header_burst_and_a_bit_of_the_opens_padding_keep_the_segments_mail(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "spool"
+    with Spool.open(root, segment_size=4096) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(4)]
+    seg = newest(root)
+    data = bytearray(seg.read_bytes())
+    for at, mask in zip(range(26, 30), (0x41, 0x02, 0xFF, 0x01), strict=True):
+        data[at] ^= mask
+    data[60] ^= 0x01  # the payload of the padding an open's checkpoint began it with
+    seg.write_bytes(bytes(data))
+    repaired_keeping(root, msgs, segment_size=4096)
 
 
 @pytest.mark.parametrize("evil", [0x41414141, 0])
@@ -806,26 +821,35 @@ def test_frames_a_message_body_carries_never_confirm_a_salt(tmp_path: Path, evil
     assert forged_read == []
 
 
+@pytest.mark.parametrize("cut", [33, 40, 51, 160, 185, 212])
 @pytest.mark.parametrize("header_hit", [False, True])
 def test_a_segment_file_cut_inside_its_first_record_is_damage(
-    tmp_path: Path, header_hit: bool
+    tmp_path: Path, header_hit: bool, cut: int
 ) -> None:
     # Found by review: a segment (not the newest) cut 19 bytes into its first envelope.
     # Fewer bytes than any record were taken for padding: the message vanished with
     # nothing said; with its salt field hit too, the repair raised AssertionError (no
     # marker fits). A record frame's header whose length runs past the end of the file is
-    # a cut record, and its marker may run past where the file ended.
+    # a cut record, and its marker may run past where the file ended. The next review:
+    # a cut 1 to 8 bytes into any frame (no type left) raised AssertionError (a PAD frame
+    # smaller than its header), and a cut inside a first envelope's BODY frame left a
+    # spool that did not open (envelope without its body): a cut body's stand-in reaches
+    # the end its envelope announced, and the message is bounced.
     root = tmp_path / "spool"
     with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
-        for i in range(3):
-            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 30)
-    seg = segment(root, 2)
-    data = bytearray(seg.read_bytes()[:51])
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 30) for i in range(3)]
+    seg = segment(root, 2)  # msgs[0]: its envelope at 32, BODY at 154, a PAD at 209
+    data = bytearray(seg.read_bytes()[:cut])
     if header_hit:
         data[27] ^= 0x10
     seg.write_bytes(bytes(data))
     problems = [p.what for p in check_spool(str(root)).problems]
-    assert any("records damaged" in w or "unreadable" in w for w in problems), problems
+    assert any("damaged" in w or "unreadable" in w for w in problems), problems
     report = repair_spool(str(root))
     assert report.after.clean, report.after.problems
-    Spool.open(root, clock=FakeClock()).close()
+    with Spool.open(root, clock=FakeClock()) as sp:
+        live = {e.msg_id for e in sp.list()}
+    assert {msgs[1], msgs[2]} <= live
+    if 154 < cut < 209:
+        [fate] = [f for m, f in report.fates if m == msgs[0]]
+        assert fate.startswith("its body was lost") and "recipients failed" in fate, fate
