@@ -374,9 +374,12 @@ def recover_salt(data: bytes) -> int | None:
         # checks with some salt whatever it is; that salt within a few bits of the salt
         # field is the field's, damaged (a random salt is that near once in 10^5).
         return by_frame
-    for maybe in (int(raw), by_header, by_frame, *zero):
-        # The first frame is damaged too: a valid frame further on confirms a salt.
-        if maybe is not None and _resync(data, first, maybe, None) < len(data):
+    for maybe in (int(raw), by_header, *zero):
+        # The first frame is damaged too: the two frames after it, where its length field
+        # says it ends, confirm the field's salt or the header CRC's. Only those: a frame
+        # found by searching could be message data made with that salt, which a sender
+        # can guess when the damage left the field predictable (a burst of zeros).
+        if maybe is not None and _second_and_third_check(data, first, maybe):
             return maybe
     chained = _salt_after_a_damaged_first_frame(data, first)
     if chained is not None:
@@ -407,6 +410,20 @@ def recover_salt(data: bytes) -> int | None:
             return segment_salt(fixed)
         return by_pad if by_pad is not None else int(raw)
     return None
+
+
+def _second_and_third_check(data: bytes, first: int, salt: int) -> bool:
+    """Whether the frame where the first one ends (by its length field) and the frame
+    after it both check with ``salt``: frames the spool wrote, never message data."""
+    _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, first)
+    second = first + fmt.FRAME_HEADER_SIZE + length
+    if ftype not in fmt.FRAME_TYPES or second >= len(data):
+        return False
+    frame = parse_frame(data, second, salt)
+    if not isinstance(frame, Frame):
+        return False
+    third = second + frame.size
+    return third < len(data) and isinstance(parse_frame(data, third, salt), Frame)
 
 
 def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:

@@ -821,6 +821,34 @@ def test_frames_a_message_body_carries_never_confirm_a_salt(tmp_path: Path, evil
     assert forged_read == []
 
 
+@pytest.mark.parametrize("field", [b"\0\0\0\0", b"\xff\xff\xff\xff"])
+def test_a_salt_field_burst_of_zeros_is_not_confirmed_by_a_forged_frame(
+    tmp_path: Path, field: bytes
+) -> None:
+    # Found by review: a burst of zeros over the salt field (and a bit of the first frame)
+    # made 0 a candidate, and a forged salt-0 frame anywhere in a message body confirmed
+    # it: the repair read the body's "hold" of another message as a record. Only the
+    # frames where the first one ends confirm a candidate now; the header's CRC gives it.
+    root = tmp_path / "spool"
+    guess = int.from_bytes(field, "little")
+    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
+        victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
+        forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), guess)
+        forged += encode_frame(fmt.T_PAD, b"", guess)
+        body = bytearray(b"A" * 2000)
+        body[700 : 700 + len(forged)] = forged  # anywhere: no alignment needed
+        msgs = [victim, sp.accept("evil@example.org", ["x@example.net"], bytes(body))]
+    seg = segment(root, 3)
+    data = bytearray(seg.read_bytes())
+    salt = int.from_bytes(data[24:28], "little")
+    data[24:28] = field
+    data[60] ^= 0x01
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data)) == salt
+    repaired_keeping(root, msgs)
+    assert not [r for _p, r in records_of(root, rec.Control) if r.action == "hold"]
+
+
 @pytest.mark.parametrize("cut", [33, 40, 51, 160, 185, 212])
 @pytest.mark.parametrize("header_hit", [False, True])
 def test_a_segment_file_cut_inside_its_first_record_is_damage(
