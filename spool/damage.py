@@ -352,7 +352,7 @@ def recover_salt(data: bytes) -> int | None:
     if by_frame is not None:
         candidates.append(by_frame)
     version = fmt.SEGMENT_HEADER.unpack_from(head)[1]
-    zero = [] if version == fmt.FORMAT_VERSION else [0]  # version 1: salt 0
+    zero = [0] if version == 1 else []  # version 1's salt; the field of a burst, else
     candidates += zero
     for salt in candidates:
         frame = parse_frame(data, first, salt)
@@ -374,12 +374,15 @@ def recover_salt(data: bytes) -> int | None:
         # checks with some salt whatever it is; that salt within a few bits of the salt
         # field is the field's, damaged (a random salt is that near once in 10^5).
         return by_frame
+    guessable = _guessable(head[24:28]) or _guessable(head[28:32])
     for maybe in (int(raw), by_header, *zero):
         # The first frame is damaged too: the two frames after it, where its length field
         # says it ends, confirm the field's salt or the header CRC's. Only those: a frame
-        # found by searching could be message data made with that salt, which a sender
-        # can guess when the damage left the field predictable (a burst of zeros).
-        if maybe is not None and _second_and_third_check(data, first, maybe):
+        # found by searching could be message data made with that salt. And not when a
+        # field reads all zeros or all ones (a sector's typical damage): a sender can
+        # guess the salt that gives, and the first frame's length may be hit as well,
+        # putting "where it ends" in a message body.
+        if maybe is not None and not guessable and _second_and_third_check(data, first, maybe):
             return maybe
     chained = _salt_after_a_damaged_first_frame(data, first)
     if chained is not None:
@@ -410,6 +413,13 @@ def recover_salt(data: bytes) -> int | None:
             return segment_salt(fixed)
         return by_pad if by_pad is not None else int(raw)
     return None
+
+
+def _guessable(field: bytes) -> bool:
+    """A header field that reads as all zeros or all ones: damage of a kind anyone can
+    predict, so neither it nor the salt solved from it is a secret (a random salt is
+    either once in 2^31)."""
+    return field in (b"\0\0\0\0", b"\xff\xff\xff\xff")
 
 
 def _second_and_third_check(data: bytes, first: int, salt: int) -> bool:

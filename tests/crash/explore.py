@@ -357,17 +357,27 @@ def _header_burst(data: bytes, limit: int, aim: random.Random) -> tuple[bytes, l
     """A burst of four bytes over a durable segment header's last fields: (the damaged
     segment, the offsets it changed), or None if the header is not durable.
 
-    One in three is random bytes anywhere from the segment number to the first frame's
+    One in four is random bytes anywhere from the segment number to the first frame's
     CRC (with a fresh segment's padding alone after it, the burst reaches into that PAD:
-    a repair once read such a segment as unreadable records). The others are the bursts
-    that fit worst: the CRC field, or the salt field, set to the value that leaves the
-    header one flipped bit (of another field) from consistent with a wrong salt, which a
-    repair once took at its word, making every frame of the segment foreign."""
+    a repair once read such a segment as unreadable records). Two are the bursts that fit
+    worst: the CRC field, or the salt field, set to the value that leaves the header one
+    flipped bit (of another field) from consistent with a wrong salt, which a repair once
+    took at its word, making every frame of the segment foreign. The last sets the salt
+    or CRC field to all zeros or all ones, half the time with a bit of the first frame
+    hit too: a guessable salt a repair once confirmed by any frame found further on."""
     if limit < fmt.SEGMENT_HEADER_SIZE + 4:
         return None
     out = bytearray(data)
-    kind = aim.randrange(3)
-    if kind == 0:
+    kind = aim.randrange(4)
+    if kind == 3:
+        # The bursts a bad sector leaves most: all zeros or all ones, over the salt or the
+        # CRC field; half the time a bit of the first frame as well (a second place).
+        field = aim.choice((24, 28))
+        out[field : field + 4] = aim.choice((b"\0" * 4, b"\xff" * 4))
+        if aim.random() < 0.5:
+            at = aim.randrange(fmt.SEGMENT_HEADER_SIZE, min(limit, fmt.SEGMENT_HEADER_SIZE + 64))
+            out[at] ^= 1 << aim.randrange(8)
+    elif kind == 0:
         start = aim.randrange(16, fmt.SEGMENT_HEADER_SIZE + 1)
         for at in range(start, start + 4):
             out[at] = aim.randrange(256)
@@ -385,7 +395,7 @@ def _header_burst(data: bytes, limit: int, aim: random.Random) -> tuple[bytes, l
         if salt is None:
             return None
         out[24:28] = salt.to_bytes(4, "little")
-    offsets = [at for at in range(40) if out[at] != data[at]]
+    offsets = [at for at in range(min(len(data), 96)) if out[at] != data[at]]
     return (bytes(out), offsets) if offsets else None
 
 

@@ -849,6 +849,36 @@ def test_a_salt_field_burst_of_zeros_is_not_confirmed_by_a_forged_frame(
     assert not [r for _p, r in records_of(root, rec.Control) if r.action == "hold"]
 
 
+@pytest.mark.parametrize("field", [b"\0\0\0\0", b"\xff\xff\xff\xff"])
+def test_a_guessable_salt_is_not_confirmed_where_a_hit_length_points(
+    tmp_path: Path, field: bytes
+) -> None:
+    # Found by the review of the rule above: with the first frame's length hit too (a
+    # second place), "where the first frame ends" moved into a message body, and forged
+    # frames made with the salt a zeroed (or all-ones) field reads as were taken there.
+    # A field that reads all zeros or all ones confirms nothing; the segment is unread
+    # and named rather than misread.
+    root = tmp_path / "spool"
+    guess = int.from_bytes(field, "little")
+    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
+        victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
+        forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), guess)
+        forged += encode_frame(fmt.T_PAD, b"", guess)
+        body = bytearray(b"A" * 2000)
+        body[103 : 103 + len(forged)] = forged  # where bit 7 of the length makes it end
+        sp.accept("evil@example.org", ["x@example.net"], bytes(body))
+    seg = segment(root, 3)
+    data = bytearray(seg.read_bytes())
+    length = int.from_bytes(data[36:40], "little")
+    assert not length & 1 << 7 and 32 + 9 + (length | 1 << 7) == 182 + 103
+    data[24:28] = field
+    data[36] ^= 1 << 7
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data)) != guess
+    repair_spool(str(root))
+    assert not [r for _p, r in records_of(root, rec.Control) if r.action == "hold"]
+
+
 @pytest.mark.parametrize("cut", [33, 40, 51, 160, 185, 212])
 @pytest.mark.parametrize("header_hit", [False, True])
 def test_a_segment_file_cut_inside_its_first_record_is_damage(
