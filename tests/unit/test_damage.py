@@ -790,6 +790,24 @@ def test_a_header_burst_and_a_bit_of_the_opens_padding_keep_the_segments_mail(
     repaired_keeping(root, msgs, segment_size=4096)
 
 
+def spool_with_a_forged_hold(root: Path, salt: int, at: int) -> list[str]:
+    """A victim's message, then a sender's whose body holds, ``at`` bytes into its data,
+    a "hold" of the victim and a PAD frame forged with ``salt``; the sender's envelope
+    opens segment 3 (its data starts at offset 182 there). The two ids."""
+    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
+        victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
+        forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), salt)
+        forged += encode_frame(fmt.T_PAD, b"", salt)
+        body = bytearray(b"A" * 2000)
+        body[at : at + len(forged)] = forged
+        return [victim, sp.accept("evil@example.org", ["x@example.net"], bytes(body))]
+
+
+def forged_holds(root: Path) -> list[rec.Record]:
+    """The holds in the log after a repair: any is one read from a message body."""
+    return [r for _p, r in records_of(root, rec.Control) if r.action == "hold"]
+
+
 @pytest.mark.parametrize("evil", [0x41414141, 0])
 def test_frames_a_message_body_carries_never_confirm_a_salt(tmp_path: Path, evil: int) -> None:
     # Found by review: a rule that took the salt from two frames in a row at any sector
@@ -799,26 +817,18 @@ def test_frames_a_message_body_carries_never_confirm_a_salt(tmp_path: Path, evil
     # Salt 0 (version 1's) was a candidate for every segment, so a forged frame with it
     # anywhere confirmed it in the same way: it is one only for a version-1 header.
     root = tmp_path / "spool"
-    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
-        victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
-        forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), evil)
-        forged += encode_frame(fmt.T_PAD, b"", evil)
-        body = bytearray(b"A" * 2000)
-        body[512 - 182 : 512 - 182 + len(forged)] = forged  # the data starts at offset 182
-        sp.accept("evil@example.org", ["x@example.net"], bytes(body))
+    spool_with_a_forged_hold(root, evil, 512 - 182)  # at the sector boundary 512
     seg = segment(root, 3)
     data = bytearray(seg.read_bytes())
-    assert parse_frame(bytes(data), 512, evil) == parse_frame(forged, 0, evil)  # in place
+    forged = parse_frame(bytes(data), 512, evil)
+    assert isinstance(forged, Frame) and forged.type == fmt.T_CONTROL  # in place
     for at, mask in zip(range(26, 30), (0x41, 0x02, 0xFF, 0x01), strict=True):
         data[at] ^= mask  # a burst over the salt and CRC fields
     data[60] ^= 0x01  # and a bit of the first frame
     seg.write_bytes(bytes(data))
     assert recover_salt(bytes(data)) != evil
     repair_spool(str(root))
-    forged_read = [
-        r for _p, r in records_of(root, rec.Control) if r.action == "hold" and r.why == "x"
-    ]
-    assert forged_read == []
+    assert forged_holds(root) == []
 
 
 @pytest.mark.parametrize("field", [b"\0\0\0\0", b"\xff\xff\xff\xff"])
@@ -830,14 +840,7 @@ def test_a_salt_field_burst_of_zeros_is_not_confirmed_by_a_forged_frame(
     # it: the repair read the body's "hold" of another message as a record. Only the
     # frames where the first one ends confirm a candidate now; the header's CRC gives it.
     root = tmp_path / "spool"
-    guess = int.from_bytes(field, "little")
-    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
-        victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
-        forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), guess)
-        forged += encode_frame(fmt.T_PAD, b"", guess)
-        body = bytearray(b"A" * 2000)
-        body[700 : 700 + len(forged)] = forged  # anywhere: no alignment needed
-        msgs = [victim, sp.accept("evil@example.org", ["x@example.net"], bytes(body))]
+    msgs = spool_with_a_forged_hold(root, int.from_bytes(field, "little"), 700)  # anywhere
     seg = segment(root, 3)
     data = bytearray(seg.read_bytes())
     salt = int.from_bytes(data[24:28], "little")
@@ -846,7 +849,7 @@ def test_a_salt_field_burst_of_zeros_is_not_confirmed_by_a_forged_frame(
     seg.write_bytes(bytes(data))
     assert recover_salt(bytes(data)) == salt
     repaired_keeping(root, msgs)
-    assert not [r for _p, r in records_of(root, rec.Control) if r.action == "hold"]
+    assert forged_holds(root) == []
 
 
 @pytest.mark.parametrize("field", [b"\0\0\0\0", b"\xff\xff\xff\xff"])
@@ -860,13 +863,7 @@ def test_a_guessable_salt_is_not_confirmed_where_a_hit_length_points(
     # and named rather than misread.
     root = tmp_path / "spool"
     guess = int.from_bytes(field, "little")
-    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
-        victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
-        forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), guess)
-        forged += encode_frame(fmt.T_PAD, b"", guess)
-        body = bytearray(b"A" * 2000)
-        body[103 : 103 + len(forged)] = forged  # where bit 7 of the length makes it end
-        sp.accept("evil@example.org", ["x@example.net"], bytes(body))
+    spool_with_a_forged_hold(root, guess, 103)  # where bit 7 of the length makes it end
     seg = segment(root, 3)
     data = bytearray(seg.read_bytes())
     length = int.from_bytes(data[36:40], "little")
@@ -876,7 +873,7 @@ def test_a_guessable_salt_is_not_confirmed_where_a_hit_length_points(
     seg.write_bytes(bytes(data))
     assert recover_salt(bytes(data)) != guess
     repair_spool(str(root))
-    assert not [r for _p, r in records_of(root, rec.Control) if r.action == "hold"]
+    assert forged_holds(root) == []
 
 
 @pytest.mark.parametrize("cut", [33, 40, 51, 160, 185, 212])
