@@ -422,40 +422,76 @@ def _guessable(field: bytes) -> bool:
     return field in (b"\0\0\0\0", b"\xff\xff\xff\xff")
 
 
+def _first_frame_end(data: bytes, first: int) -> int | None:
+    """Where the first frame ends by its length field; None if its type is none."""
+    _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, first)
+    return first + fmt.FRAME_HEADER_SIZE + length if ftype in fmt.FRAME_TYPES else None
+
+
 def _second_and_third_check(data: bytes, first: int, salt: int) -> bool:
     """Whether the frame where the first one ends (by its length field) and the frame
     after it both check with ``salt``: frames the spool wrote, never message data."""
-    _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, first)
-    second = first + fmt.FRAME_HEADER_SIZE + length
-    if ftype not in fmt.FRAME_TYPES or second >= len(data):
-        return False
+    second = _first_frame_end(data, first)
+    return second is not None and second < len(data) and _third_checks(data, second, salt)
+
+
+def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:
+    """The salt when the header and the first frame were both hit, from the frame where
+    the first one ends: the spool wrote that frame (no message data can stand there), so
+    the salt solved from its CRC is the segment's if the first frame confirms it.
+
+    Where the first frame ends: by its length field, and then the frame after the second
+    must check with the salt and the first frame be one flipped bit from checking with
+    it. Or, when the first frame is the padding an open's checkpoint begins a segment
+    with in all but a few bits (its length among them, ``_padding_in_shape``), at the
+    sector boundary its zeros reach, where the spool began its next batch; and then the
+    PAD's own CRC must be the one that salt gives (within ``PAD_CRC_BITS_MAX`` bits when
+    the frame after the second checks as well). A frame found anywhere else could be
+    message data made with a salt of its author's choosing; these are not, unless the
+    first frame's length was hit to point into a message body and the first frame then
+    were one bit from checking with the author's salt (about 2^-32 * its size in bits), or
+    a record were within a few bits of padding (its id alone is dozens of bits from it).
+    """
+    second = _first_frame_end(data, first)
+    if second is not None:
+        salt = _salt_of_frame_at(data, second)
+        if (
+            salt is not None
+            and _third_checks(data, second, salt)
+            and one_bit_fixed(data[first:second], salt) is not None
+        ):
+            return salt
+    end = _padding_shaped_end(data, first)
+    if end is None or end == second:
+        return None
+    salt = _salt_of_frame_at(data, end)
+    if salt is None:
+        return None
+    crc_bits = _bits_apart(data[first : first + 4], pad_frame(end - first, salt)[:4])
+    if crc_bits == 0 or (crc_bits <= PAD_CRC_BITS_MAX and _third_checks(data, end, salt)):
+        return salt
+    return None
+
+
+def _salt_of_frame_at(data: bytes, at: int) -> int | None:
+    """The salt that makes the frame at ``at`` check (solved from its CRC), if its header
+    reads as a frame's that lies within the file; None otherwise."""
+    if at + fmt.FRAME_HEADER_SIZE > len(data):
+        return None
+    crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, at)
+    end = at + fmt.FRAME_HEADER_SIZE + length
+    if ftype not in fmt.FRAME_TYPES or length > fmt.FRAME_PAYLOAD_MAX or end > len(data):
+        return None
+    return _solve(functools.partial(crc32c, data[at + 4 : end]), crc)
+
+
+def _third_checks(data: bytes, second: int, salt: int) -> bool:
+    """Whether the frame after the one at ``second`` checks with ``salt``."""
     frame = parse_frame(data, second, salt)
     if not isinstance(frame, Frame):
         return False
     third = second + frame.size
     return third < len(data) and isinstance(parse_frame(data, third, salt), Frame)
-
-
-def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:
-    """The salt when the header and the first frame were both hit: the frame where the
-    first one's length field says it ends was written by the spool (no message data can
-    stand there), so the salt solved from its CRC is the segment's if the frame after it
-    checks with it too and the first frame is one flipped bit from checking with it.
-    A frame found anywhere else could be message data made with a salt of its author's
-    choosing; this one could only if the first frame's length were hit as well and it
-    then were one bit from checking with that salt: about 2^-32 * its size in bits."""
-    _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, first)
-    second = first + fmt.FRAME_HEADER_SIZE + length
-    if ftype not in fmt.FRAME_TYPES or second + fmt.FRAME_HEADER_SIZE > len(data):
-        return None
-    crc, length2, type2 = fmt.FRAME_HEADER.unpack_from(data, second)
-    third = second + fmt.FRAME_HEADER_SIZE + length2
-    if type2 not in fmt.FRAME_TYPES or third >= len(data):
-        return None
-    salt = _solve(functools.partial(crc32c, data[second + 4 : third]), crc)
-    if salt is None or not isinstance(parse_frame(data, third, salt), Frame):
-        return None
-    return salt if one_bit_fixed(data[first:second], salt) is not None else None
 
 
 def _header_one_bit_fixed(head: bytes) -> bytes | None:
@@ -479,32 +515,50 @@ def _header_one_bit_fixed(head: bytes) -> bytes | None:
 
 def _padding_alone_in_shape(data: bytes, first: int) -> int | None:
     """Where the padding ends if ``data`` from ``first`` is one PAD frame to a sector
-    boundary in all but its CRC and at most ``PAD_BITS_MAX`` flipped bits (at most
-    ``PAD_HEADER_BITS_MAX`` of them in its length and type, the rest in its zero payload),
-    then nothing but zeros to the end: what an open's checkpoint leaves in a fresh
-    segment, whatever its CRC and its header became. No record is that near (its payload
-    holds a 16-digit id, dozens of set bits where this has zeros), nor bytes a lost write
-    zeroed (8 bits from the length and type). None if it is not that."""
+    boundary in all but its CRC and a few flipped bits (``_padding_in_shape``), then
+    nothing but zeros to the end: what an open's checkpoint leaves in a fresh segment,
+    whatever its CRC and its header became. None if it is not that."""
     if len(data) < first + fmt.FRAME_HEADER_SIZE:
         return None
     tail = data[first + fmt.FRAME_HEADER_SIZE :]
     if len(tail) - tail.count(0) > PAD_BITS_MAX:
         return None  # more non-zero bytes than flipped bits allowed: not padding
-    payload_bits = int.from_bytes(tail, "little").bit_count()
     last = first + fmt.FRAME_HEADER_SIZE + len(tail.rstrip(b"\0"))  # zeros from here
-    header = data[first + 4 : first + fmt.FRAME_HEADER_SIZE]
     low = max(last, first + fmt.FRAME_HEADER_SIZE)
     for end in range(-(-low // fmt.SECTOR) * fmt.SECTOR, len(data) + 1, fmt.SECTOR):
-        length = end - first - fmt.FRAME_HEADER_SIZE
-        ideal = fmt.FRAME_HEADER.pack(0, length, fmt.T_PAD)[4:]
-        header_bits = _bits_apart(header, ideal)
-        if (
-            0 <= length <= fmt.FRAME_PAYLOAD_MAX
-            and header_bits <= PAD_HEADER_BITS_MAX  # zeros are 8 bits off: a lost write
-            and header_bits + payload_bits <= PAD_BITS_MAX
-        ):
+        if _padding_in_shape(data, first, end):
             return end
     return None
+
+
+def _padding_shaped_end(data: bytes, first: int) -> int | None:
+    """The first sector boundary up to which ``data`` from ``first`` is one PAD frame in
+    all but its CRC and a few flipped bits (``_padding_in_shape``), whatever follows;
+    None if there is none."""
+    low = first + fmt.FRAME_HEADER_SIZE
+    for end in range(-(-low // fmt.SECTOR) * fmt.SECTOR, len(data) + 1, fmt.SECTOR):
+        if _padding_in_shape(data, first, end):
+            return end
+        if len(data[low:end]) - data[low:end].count(0) > PAD_BITS_MAX:
+            return None  # more non-zero bytes than flipped bits allowed, and growing
+    return None
+
+
+def _padding_in_shape(data: bytes, first: int, end: int) -> bool:
+    """Whether ``data[first:end]`` is a PAD frame in all but its CRC and at most
+    ``PAD_BITS_MAX`` flipped bits, at most ``PAD_HEADER_BITS_MAX`` of them in its length
+    and type, the rest in its zero payload. No record is that near (its payload holds a
+    16-digit id, dozens of set bits where this has zeros), nor bytes a lost write zeroed
+    (8 bits from the length and type)."""
+    length = end - first - fmt.FRAME_HEADER_SIZE
+    if not 0 <= length <= fmt.FRAME_PAYLOAD_MAX:
+        return False
+    ideal = fmt.FRAME_HEADER.pack(0, length, fmt.T_PAD)[4:]
+    header_bits = _bits_apart(data[first + 4 : first + fmt.FRAME_HEADER_SIZE], ideal)
+    if header_bits > PAD_HEADER_BITS_MAX:  # zeros are 8 bits off: a lost write
+        return False
+    payload_bits = int.from_bytes(data[first + fmt.FRAME_HEADER_SIZE : end], "little")
+    return header_bits + payload_bits.bit_count() <= PAD_BITS_MAX
 
 
 def _padding_alone_but_for_a_burst(data: bytes, first: int, salt: int) -> bool:

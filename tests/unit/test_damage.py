@@ -790,6 +790,43 @@ def test_a_header_burst_and_a_bit_of_the_opens_padding_keep_the_segments_mail(
     repaired_keeping(root, msgs, segment_size=4096)
 
 
+@pytest.mark.parametrize(
+    "hits",
+    [
+        {28: b"\0\0\0\0", 36: 0x01},  # the crash explorer's seed 1049
+        {28: b"\xff\xff\xff\xff", 36: 0x80},
+        {29: 0x04, 38: 0x02},  # seed 1051: a bit of the header's CRC, one high in the length
+        {24: b"\0\0\0\0", 37: 0x10},  # the salt field zeroed
+        {26: 0x20, 40: 0x01},  # the salt field and the PAD's type
+    ],
+)
+def test_the_opens_padding_with_its_length_hit_still_gives_the_salt(
+    tmp_path: Path, hits: dict[int, bytes | int]
+) -> None:
+    # Found by the crash explorer (seeds 1049, 1051): the header hit (a field zeroed, or a
+    # bit of its CRC) and a bit of the length of the PAD frame an open's checkpoint begins
+    # a segment with. The salt came from nowhere (the frame where the length said the PAD
+    # ended lay past the file), and the segment's four live messages were named lost. A
+    # first frame that is a PAD in all but a bit or two ends at the sector boundary its
+    # zeros reach, where the spool began its next batch: the salt solved from that frame's
+    # CRC is the segment's if the PAD's own CRC confirms it.
+    root = tmp_path / "spool"
+    with Spool.open(root, segment_size=4096) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(4)]
+    seg = newest(root)
+    data = bytearray(seg.read_bytes())
+    salt = segment_salt(bytes(data))
+    assert data[40] == fmt.T_PAD and data[41:512] == bytes(471)  # an open's padding
+    for at, hit in hits.items():
+        if isinstance(hit, bytes):
+            data[at : at + len(hit)] = hit
+        else:
+            data[at] ^= hit
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data)) == salt
+    repaired_keeping(root, msgs, segment_size=4096)
+
+
 def spool_with_a_forged_hold(root: Path, salt: int, at: int) -> list[str]:
     """A victim's message, then a sender's whose body holds, ``at`` bytes into its data,
     a "hold" of the victim and a PAD frame forged with ``salt``; the sender's envelope
