@@ -913,6 +913,56 @@ def test_a_guessable_salt_is_not_confirmed_where_a_hit_length_points(
     assert forged_holds(root) == []
 
 
+def guessable_salts(head: bytes) -> dict[tuple[int, bytes], int]:
+    """What a sender can work out of a segment header (its first 24 bytes, all guessable:
+    magic, version, size, number) for each guessable damage: (field offset, the value it
+    reads) to the salt a repair would take from it: the salt field's value itself, or the
+    salt that makes the header's CRC the value the CRC field reads."""
+    salts = {}
+    for value in (b"\0\0\0\0", b"\xff\xff\xff\xff"):
+        salts[(24, value)] = int.from_bytes(value, "little")
+        target = int.from_bytes(value, "little")
+        solved = _solve(lambda x: crc32c(head[:24] + x.to_bytes(4, "little")), target)
+        assert solved is not None
+        salts[(28, value)] = solved
+    return salts
+
+
+def test_no_guessable_damage_with_any_bit_of_the_first_length_reads_a_forged_frame(
+    tmp_path: Path,
+) -> None:
+    # The class of the last reviews' breaks, whole: a salt or CRC field burst to all
+    # zeros or all ones (a salt a sender can work out from the header's guessable bytes)
+    # and any one bit of the first frame's length, so that "where the first frame ends"
+    # lies in a message body; the body holds, right there, a forged hold of another
+    # message and a PAD made with exactly the salt that damage gives. No forged record
+    # may be read, whatever bit and field.
+    template = tmp_path / "template"
+    spool_with_a_forged_hold(template, 0, 0)
+    data = segment(template, 3).read_bytes()
+    length = int.from_bytes(data[36:40], "little")
+    tried = 0
+    for (field, value), salt in guessable_salts(data).items():
+        for bit in range(32):
+            target = fmt.SEGMENT_HEADER_SIZE + fmt.FRAME_HEADER_SIZE + (length ^ 1 << bit)
+            at = target - 182  # the body's data begins at 182 (spool_with_a_forged_hold)
+            if not 0 <= at <= 1800:
+                continue
+            root = tmp_path / f"s{field}-{value[0]}-{bit}"
+            spool_with_a_forged_hold(root, salt, at)
+            seg = segment(root, 3)
+            damaged = bytearray(seg.read_bytes())
+            forged = parse_frame(bytes(damaged), target, salt)
+            assert isinstance(forged, Frame) and forged.type == fmt.T_CONTROL  # in place
+            damaged[field : field + 4] = value
+            damaged[36 + bit // 8] ^= 1 << bit % 8
+            seg.write_bytes(bytes(damaged))
+            repair_spool(str(root))
+            assert forged_holds(root) == [], (field, value, bit)
+            tried += 1
+    assert tried >= 4 * 4  # every field and value, each with the bits that reach the body
+
+
 @pytest.mark.parametrize("cut", [33, 40, 51, 160, 185, 212])
 @pytest.mark.parametrize("header_hit", [False, True])
 def test_a_segment_file_cut_inside_its_first_record_is_damage(
