@@ -55,7 +55,14 @@ from crc32c import crc32c
 
 from spool import format as fmt
 from spool import records as rec
-from spool.framing import Frame, encode_frame, one_bit_fixed, pad_frame, parse_frame
+from spool.framing import (
+    Frame,
+    encode_frame,
+    frame_crc,
+    one_bit_fixed,
+    pad_frame,
+    parse_frame,
+)
 from spool.reader import first_valid_frame, looks_torn
 from spool.records import Position
 from spool.segment_header import check_segment_header, header_blank, segment_salt
@@ -145,7 +152,7 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
     problem = check_segment_header(data, number, "")
     if problem is not None and newest and durable_end == 0 and header_blank(data[: fmt.SECTOR]):
         return SegmentScan(number, None, problem, (), 0, problem, len(data))
-    salt = None if _names_another_segment(data, number) else _salt_of(data, problem)
+    salt = None if _names_another_segment(data, number) else _salt_of(data, problem, number)
     if salt is None:
         whole = Region(number, 0, len(data), RegionKind.RECORDS, f"segment header: {problem}")
         return SegmentScan(number, None, problem, ((0, whole),), None, "", len(data))
@@ -301,21 +308,21 @@ def _frame_bytes(frame: Frame, salt: int) -> bytes:
     return encode_frame(frame.type, frame.payload, salt)
 
 
-def _salt_of(data: bytes, problem: str | None) -> int | None:
+def _salt_of(data: bytes, problem: str | None, number: int) -> int | None:
     """The segment's salt: from a good header; from a damaged one, the salt its frames
     check with (module docstring: ``recover_salt``); None if none does."""
     if problem is None:
         return segment_salt(data)
     if len(data) < fmt.SEGMENT_HEADER_SIZE + fmt.FRAME_HEADER_SIZE:
         return None
-    return recover_salt(data)
+    return recover_salt(data, number)
 
 
 # How many bits of a damaged salt field may differ from the salt the first frame gives.
 SALT_BITS_MAX = 4
 
 
-def recover_salt(data: bytes) -> int | None:
+def recover_salt(data: bytes, number: int | None = None) -> int | None:
     """The salt of a segment whose header is damaged, or None.
 
     Candidates: the salt field as it reads (the damage hit another field), the one value
@@ -346,6 +353,9 @@ def recover_salt(data: bytes) -> int | None:
     by_header = _solve(lambda x: crc32c(head[:24] + x.to_bytes(4, "little")), stored_crc)
     if by_header is not None:
         candidates.append(by_header)
+    by_public = _salt_of_the_public_header(head, number)
+    if by_public not in (None, by_header):
+        candidates.append(by_public)
     crc, length, _ftype = fmt.FRAME_HEADER.unpack_from(data, first)
     covered = data[first + 4 : first + fmt.FRAME_HEADER_SIZE + length]
     by_frame = _solve(lambda x: crc32c(covered, x), crc)
@@ -361,7 +371,7 @@ def recover_salt(data: bytes) -> int | None:
         after = first + frame.size
         if after < len(data) and isinstance(parse_frame(data, after, salt), Frame):
             return salt  # two frames check with it
-        if salt in (raw, by_header):
+        if salt in (raw, by_header, by_public):
             return salt  # the header vouches for it (its CRC, or an intact salt field)
         # A lone frame (nothing after it) checks with the salt solved from its own CRC
         # whatever it holds: that alone confirms nothing (below: the field must be near).
@@ -374,15 +384,25 @@ def recover_salt(data: bytes) -> int | None:
         # checks with some salt whatever it is; that salt within a few bits of the salt
         # field is the field's, damaged (a random salt is that near once in 10^5).
         return by_frame
-    guessable = _guessable(head[24:28]) or _guessable(head[28:32])
-    for maybe in (int(raw), by_header, *zero):
-        # The first frame is damaged too: the two frames after it, where its length field
-        # says it ends, confirm the field's salt or the header CRC's. Only those: a frame
-        # found by searching could be message data made with that salt. And not when a
-        # field reads all zeros or all ones (a sector's typical damage): a sender can
-        # guess the salt that gives, and the first frame's length may be hit as well,
-        # putting "where it ends" in a message body.
-        if maybe is not None and not guessable and _second_and_third_check(data, first, maybe):
+    for maybe in (int(raw), by_header, by_public, *zero):
+        # The first frame is damaged too, by one flipped bit (its length's or type's
+        # included) or, the open's padding, in its length: put right, it checks with the
+        # salt, and so does the frame where it then ends (the spool's, not a body's).
+        if maybe is not None and _confirmed_by_the_first_frame_put_right(data, first, maybe):
+            return maybe
+    from_fields = ((int(raw), head[24:28]), (by_header, head[28:32]), (by_public, head[28:32]))
+    for maybe, field in from_fields:
+        # The first frame is damaged beyond that: the two frames where its length field
+        # says it ends confirm the field's salt or the header CRC's, if that salt is a
+        # secret: a sender could guess the salt a field of low entropy gives (damage of
+        # a kind anyone can predict), and the length may be hit too, putting "where it
+        # ends" in a message body that holds frames made with it. Only those two: a frame
+        # found by searching could be message data. Never salt 0: anyone knows it.
+        if (
+            maybe is not None
+            and not _guessable(field)
+            and _second_and_third_check(data, first, maybe)
+        ):
             return maybe
     chained = _salt_after_a_damaged_first_frame(data, first)
     if chained is not None:
@@ -416,16 +436,41 @@ def recover_salt(data: bytes) -> int | None:
 
 
 def _guessable(field: bytes) -> bool:
-    """A header field that reads as all zeros or all ones: damage of a kind anyone can
-    predict, so neither it nor the salt solved from it is a secret (a random salt is
-    either once in 2^31)."""
-    return field in (b"\0\0\0\0", b"\xff\xff\xff\xff")
+    """A header field that reads as a value of low entropy: bytes 0x00 and 0xFF alone,
+    a small number or few bits unset (at most 4 bits set or unset), or one byte or two
+    repeated. That is what damage typically leaves, and a sender can bet on it, so neither
+    the field nor the salt solved from it (the rest of the header is public) is a secret.
+    A random salt is such a value about once in 28,000; then only the first frame, put
+    right, can confirm it."""
+    bits = int.from_bytes(field, "little").bit_count()
+    return (
+        all(byte in (0x00, 0xFF) for byte in field) or not 4 < bits < 28 or field[:2] == field[2:]
+    )
+
+
+def _salt_of_the_public_header(head: bytes, number: int | None) -> int | None:
+    """The salt that makes the header's CRC field match once its public part is put
+    right: the magic, the size, the version (1 if it reads 1, else the current one) and the
+    segment's number (from its file name). A burst over the number and the salt field
+    leaves the CRC field intact, and this gives the salt it was computed over. None
+    without the number, or if the public part reads right already (``by_header`` is it)."""
+    if number is None:
+        return None
+    version = 1 if fmt.SEGMENT_HEADER.unpack_from(head)[1] == 1 else fmt.FORMAT_VERSION
+    public = fmt.SEGMENT_HEADER.pack(
+        fmt.SEGMENT_MAGIC, version, fmt.SEGMENT_HEADER_SIZE, number, 0, 0
+    )[:24]
+    if public == head[:24]:
+        return None
+    crc = fmt.SEGMENT_HEADER.unpack_from(head)[5]
+    return _solve(lambda x: crc32c(public + x.to_bytes(4, "little")), crc)
 
 
 def _first_frame_end(data: bytes, first: int) -> int | None:
-    """Where the first frame ends by its length field; None if its type is none."""
-    _crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, first)
-    return first + fmt.FRAME_HEADER_SIZE + length if ftype in fmt.FRAME_TYPES else None
+    """Where the first frame ends by its length field, whatever its type byte reads;
+    None if the length is more than any frame's."""
+    length = fmt.FRAME_HEADER.unpack_from(data, first)[1]
+    return first + fmt.FRAME_HEADER_SIZE + length if length <= fmt.FRAME_PAYLOAD_MAX else None
 
 
 def _second_and_third_check(data: bytes, first: int, salt: int) -> bool:
@@ -440,37 +485,80 @@ def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:
     the first one ends: the spool wrote that frame (no message data can stand there), so
     the salt solved from its CRC is the segment's if the first frame confirms it.
 
-    Where the first frame ends: by its length field, and then the frame after the second
-    must check with the salt and the first frame be one flipped bit from checking with
-    it. Or, when the first frame is the padding an open's checkpoint begins a segment
-    with in all but a few bits (its length among them, ``_padding_in_shape``), at the
-    sector boundary its zeros reach, where the spool began its next batch; and then the
-    PAD's own CRC must be the one that salt gives (within ``PAD_CRC_BITS_MAX`` bits when
-    the frame after the second checks as well). A frame found anywhere else could be
-    message data made with a salt of its author's choosing; these are not, unless the
-    first frame's length was hit to point into a message body and the first frame then
-    were one bit from checking with the author's salt (about 2^-32 * its size in bits), or
-    a record were within a few bits of padding (its id alone is dozens of bits from it).
+    Where the first frame ends: by its length field put right (``_ends_put_right``), and
+    then the frame after the second must check with the salt and the first frame check
+    with it too, one flipped bit of it put right (``_first_frame_checks_to``). Or, when
+    the first frame is the padding an open's checkpoint begins a segment with in all but a
+    few bits (its length and type among them, ``_padding_in_shape``), at the sector
+    boundary its zeros reach, where the spool began its next batch; and then the PAD's own
+    CRC must be the one that salt gives (within ``PAD_CRC_BITS_MAX`` bits when the frame
+    after the second checks as well). A frame found anywhere else could be message data
+    made with a salt of its author's choosing; these could be only if the first frame's
+    length put right pointed into a message body and the first frame then checked with
+    the author's salt (about 2^-32 for each end and each bit tried), or a record were
+    within a few bits of padding (its id alone is dozens of bits from it).
     """
-    second = _first_frame_end(data, first)
-    if second is not None:
+    ends = _ends_put_right(data, first)
+    for second in ends:
         salt = _salt_of_frame_at(data, second)
         if (
             salt is not None
             and _third_checks(data, second, salt)
-            and one_bit_fixed(data[first:second], salt) is not None
+            and _first_frame_checks_to(data, first, second, salt)
         ):
             return salt
     end = _padding_shaped_end(data, first)
-    if end is None or end == second:
+    salt = _salt_of_frame_at(data, end) if end is not None else None
+    if end is None or salt is None:
         return None
-    salt = _salt_of_frame_at(data, end)
-    if salt is None:
-        return None
-    crc_bits = _bits_apart(data[first : first + 4], pad_frame(end - first, salt)[:4])
-    if crc_bits == 0 or (crc_bits <= PAD_CRC_BITS_MAX and _third_checks(data, end, salt)):
-        return salt
-    return None
+    if pad_frame(end - first, salt)[:4] == data[first : first + 4]:
+        return salt  # the padding's own CRC (salted) confirms it
+    return salt if _third_checks(data, end, salt) else None
+
+
+def _confirmed_by_the_first_frame_put_right(data: bytes, first: int, salt: int) -> bool:
+    """Whether the first frame, put right (``_ends_put_right``, ``_first_frame_checks_to``),
+    checks with ``salt``, and the frame where it then ends does too: two frames the spool
+    wrote, as a sender's could only be if the spool's first frame checked with the
+    sender's salt."""
+    return any(
+        end < len(data)
+        and _first_frame_checks_to(data, first, end, salt)
+        and isinstance(parse_frame(data, end, salt), Frame)
+        for end in _ends_put_right(data, first)
+    )
+
+
+def _ends_put_right(data: bytes, first: int) -> list[int]:
+    """Where the first frame may end, its length field put right: as it reads, with any
+    one of its 32 bits flipped, and, if it is a PAD frame, at each sector boundary its
+    zeros reach within ``PAD_SIZE_MAX`` (a burst over its length). Only ends in the file."""
+    low = first + fmt.FRAME_HEADER_SIZE
+    length = fmt.FRAME_HEADER.unpack_from(data, first)[1]
+    lengths = [length, *(length ^ 1 << bit for bit in range(32))]
+    if data[first + 8] == fmt.T_PAD:
+        span = data[low : first + PAD_SIZE_MAX]
+        zeros_to = low + len(span) - len(span.lstrip(b"\0"))
+        lengths += [
+            end - low for end in range(-(-low // fmt.SECTOR) * fmt.SECTOR, zeros_to + 1, fmt.SECTOR)
+        ]
+    ends: list[int] = []
+    for n in lengths:
+        if n <= fmt.FRAME_PAYLOAD_MAX and low + n <= len(data) and low + n not in ends:
+            ends.append(low + n)
+    return ends
+
+
+def _first_frame_checks_to(data: bytes, first: int, end: int, salt: int) -> bool:
+    """Whether the first frame, ending at ``end``, checks with ``salt``: with its length
+    field set to that and the rest as it reads, or, where its length field says it ends,
+    with one flipped bit put right (``one_bit_fixed``)."""
+    crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, first)
+    size = end - first - fmt.FRAME_HEADER_SIZE
+    length_and_type = fmt.FRAME_HEADER.pack(0, size, ftype)[4:]
+    if frame_crc(length_and_type, data[first + fmt.FRAME_HEADER_SIZE : end], salt) == crc:
+        return True
+    return size == length and one_bit_fixed(data[first:end], salt) is not None
 
 
 def _salt_of_frame_at(data: bytes, at: int) -> int | None:
@@ -532,16 +620,22 @@ def _padding_alone_in_shape(data: bytes, first: int) -> int | None:
 
 
 def _padding_shaped_end(data: bytes, first: int) -> int | None:
-    """The first sector boundary up to which ``data`` from ``first`` is one PAD frame in
-    all but its CRC and a few flipped bits (``_padding_in_shape``), whatever follows;
-    None if there is none."""
+    """Where the spool's padding starting at ``first`` ends (the first sector boundary at
+    least a frame header on: ``framing.padding_for``) if ``data`` from ``first`` is
+    padding: its payload zeros to there but for at most ``PAD_BITS_MAX`` bits or one
+    burst (``BURST`` bytes), whatever its CRC, length and type read (one burst may hit
+    them all). No record is that near
+    (its payload holds a 16-digit id, dozens of set bits where this has zeros), and the
+    header before it was written in the same sector. None if it is not that."""
     low = first + fmt.FRAME_HEADER_SIZE
-    for end in range(-(-low // fmt.SECTOR) * fmt.SECTOR, len(data) + 1, fmt.SECTOR):
-        if _padding_in_shape(data, first, end):
-            return end
-        if len(data[low:end]) - data[low:end].count(0) > PAD_BITS_MAX:
-            return None  # more non-zero bytes than flipped bits allowed, and growing
-    return None
+    end = -(-low // fmt.SECTOR) * fmt.SECTOR
+    if end > len(data):
+        return None
+    payload = data[low:end]
+    if int.from_bytes(payload, "little").bit_count() <= PAD_BITS_MAX:
+        return end
+    stray = payload.strip(b"\0")  # or any bits, all within one burst
+    return end if len(stray) <= BURST else None
 
 
 def _padding_in_shape(data: bytes, first: int, end: int) -> bool:
@@ -566,7 +660,8 @@ def _padding_alone_but_for_a_burst(data: bytes, first: int, salt: int) -> bool:
     for one burst that left its CRC as this salt makes it (so the salt, not only the
     shape, is checked: another salt's CRC differs in about 16 of those 32 bits), then
     nothing but zeros (sectors a crash left unwritten) to the end."""
-    boundaries = range(fmt.SECTOR, len(data) + 1, fmt.SECTOR)
+    top = min(len(data), first + PAD_SIZE_MAX)  # the spool pads no further
+    boundaries = range(fmt.SECTOR, top + 1, fmt.SECTOR)
     for end in (b for b in boundaries if b - first >= fmt.FRAME_HEADER_SIZE):
         raw = data[first:end]
         ideal = encode_frame(fmt.T_PAD, bytes(len(raw) - fmt.FRAME_HEADER_SIZE), salt)
@@ -794,6 +889,9 @@ PAD_CRC_BITS_MAX = 2
 # How far a padding-alone segment's PAD length and type may be from the frame's
 # (``_padding_alone_in_shape``): zeroed bytes, a lost write, are 8 bits from them.
 PAD_HEADER_BITS_MAX = 2
+# The largest PAD frame the writer adds (framing.padding_for: a gap too small for a frame
+# header is widened by a sector): where a PAD whose length was hit may have ended.
+PAD_SIZE_MAX = fmt.SECTOR + fmt.FRAME_HEADER_SIZE - 1
 
 
 def _near_padding(raw: bytes, salt: int) -> bool:

@@ -44,6 +44,40 @@ def test_a_lost_start_beside_a_tiny_damaged_body_is_noted(tmp_path: Path) -> Non
     assert claimed_later(root) == []
 
 
+def test_a_crash_right_after_the_used_up_note_leaves_it_for_recovery(tmp_path: Path) -> None:
+    # The repair notes the used-up envelope first (durable on return) and then settles;
+    # killed between the two, it leaves its flag and the note in the log after the restart
+    # positions. The rerun's open reads the note in recovery (the envelope is used up),
+    # and D, delivered, is never handed out again.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        d = sp.accept("alice@x.org", ["bob@x.net"], b"d" * 50)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == d
+        e = sp.accept("alice@x.org", ["carol@x.net"], b"e" * 4)
+        attempt.delivered(["bob@x.net"], "250 ok")
+        attempt.close()
+    items = records(root)
+    start = next(p for p, r, _ in items if kind(r) == "Start")
+    flip(root, (start.offset + 4, 0x18))
+    run_child(f"""
+        import os
+        from spool import operator
+        from spool.check import repair_spool
+        noted = operator.OperatorDesk.note_used_up
+        def note_then_die(self, envelopes):
+            noted(self, envelopes)
+            os._exit(0)  # killed right after the note was durable
+        operator.OperatorDesk.note_used_up = note_then_die
+        repair_spool({str(root)!r})
+        raise SystemExit("the repair noted nothing")
+    """)
+    assert any(kind(r) == "Control" and r.action == "used-up" for _p, r, _f in records(root))
+    report = repair_spool(str(root))
+    assert report.after.clean
+    assert claimed_later(root) == [e]  # E, intact, is still queued; D never again
+
+
 @pytest.mark.parametrize("how", ["missing", "header and first frame"])
 def test_a_lost_start_in_a_whole_lost_segment_is_noted(tmp_path: Path, how: str) -> None:
     # D's START in segment 2, its envelope in 1 and its finish in 3; segment 2 missing (or

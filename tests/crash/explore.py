@@ -359,7 +359,8 @@ def _header_burst(data: bytes, limit: int, aim: random.Random) -> tuple[bytes, l
 
     One in four is random bytes anywhere from the segment number to the first frame's
     CRC (with a fresh segment's padding alone after it, the burst reaches into that PAD:
-    a repair once read such a segment as unreadable records). Two are the bursts that fit
+    a repair once read such a segment as unreadable records), half the time with a second
+    burst over the open's padding that begins the segment. Two are the bursts that fit
     worst: the CRC field, or the salt field, set to the value that leaves the header one
     flipped bit (of another field) from consistent with a wrong salt, which a repair once
     took at its word, making every frame of the segment foreign. The last sets the salt
@@ -381,6 +382,12 @@ def _header_burst(data: bytes, limit: int, aim: random.Random) -> tuple[bytes, l
         start = aim.randrange(16, fmt.SEGMENT_HEADER_SIZE + 1)
         for at in range(start, start + 4):
             out[at] = aim.randrange(256)
+        first_type = fmt.SEGMENT_HEADER_SIZE + 8
+        if aim.random() < 0.5 and limit >= fmt.SECTOR and data[first_type] == fmt.T_PAD:
+            # And a second burst over the open's padding (its CRC, length, type or zeros):
+            # a repair once named all the segment's mail for it, or took a forged salt.
+            at = aim.randrange(fmt.SEGMENT_HEADER_SIZE, fmt.SECTOR - 3)
+            out[at : at + 4] = aim.choice((b"\0" * 4, b"\xff" * 4, aim.randbytes(4)))
     elif kind == 1:
         head = bytearray(data[:28])
         bit = aim.randrange(28 * 8)
@@ -395,7 +402,7 @@ def _header_burst(data: bytes, limit: int, aim: random.Random) -> tuple[bytes, l
         if salt is None:
             return None
         out[24:28] = salt.to_bytes(4, "little")
-    offsets = [at for at in range(min(len(data), 96)) if out[at] != data[at]]
+    offsets = [at for at in range(min(len(data), fmt.SECTOR)) if out[at] != data[at]]
     return (bytes(out), offsets) if offsets else None
 
 
