@@ -369,8 +369,12 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
         if not isinstance(frame, Frame):
             continue
         after = first + frame.size
-        if after < len(data) and isinstance(parse_frame(data, after, salt), Frame):
-            return salt  # two frames check with it
+        # A salt the first frame's own CRC gives is no secret when that CRC reads as low
+        # entropy and the frame is padding (zeros and a length anyone can know).
+        secret = salt != by_frame or not _guessable(data[first : first + 4])
+        solved = salt == by_frame and salt not in (raw, by_header, by_public)
+        if after < len(data) and _frame_after_confirms(data, after, salt, secret, solved):
+            return salt  # two frames check with it (the second, perhaps, put right)
         if salt in (raw, by_header, by_public):
             return salt  # the header vouches for it (its CRC, or an intact salt field)
         # A lone frame (nothing after it) checks with the salt solved from its own CRC
@@ -516,6 +520,39 @@ def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:
     return salt if _third_checks(data, end, salt) else None
 
 
+def _frame_after_confirms(data: bytes, at: int, salt: int, secret: bool, solved: bool) -> bool:
+    """Whether the frame at ``at``, after a first frame that checks with ``salt``, confirms
+    it: it checks with it; or it does once put right (one flipped bit, its length's
+    included: ``_ends_put_right``, ``_first_frame_checks_to``) and, if the salt was
+    ``solved`` from the first frame's own CRC, the frame where it then ends checks too;
+    or, the salt being a ``secret``, the frame after it by its length field checks (the
+    second frame hit beyond one bit).
+
+    Why the frame after, for a solved salt: a CRC is affine in its starting value, and a
+    salt off by *d* changes a frame's CRC as a flipped bit would at a place that depends
+    on *d* and the frame's length. So the salt solved from a first frame with one bit
+    flipped makes the next frame look one bit off, wherever that bit is: a third frame,
+    which a wrong salt would have to match exactly, tells the two apart. Otherwise a salt
+    wrong for the segment has each of these about once in 2^32 for each bit and end
+    tried, and the spool's first frame checks with a salt a sender chose only if it were
+    damaged exactly so."""
+    if isinstance(parse_frame(data, at, salt), Frame):
+        return True
+    for end in _ends_put_right(data, at):
+        if _first_frame_checks_to(data, at, end, salt) and (
+            not solved or (end < len(data) and isinstance(parse_frame(data, end, salt), Frame))
+        ):
+            return True
+    following = (
+        _first_frame_end(data, at) if secret and at + fmt.FRAME_HEADER_SIZE <= len(data) else None
+    )
+    return (
+        following is not None
+        and following < len(data)
+        and isinstance(parse_frame(data, following, salt), Frame)
+    )
+
+
 def _confirmed_by_the_first_frame_put_right(data: bytes, first: int, salt: int) -> bool:
     """Whether the first frame, put right (``_ends_put_right``, ``_first_frame_checks_to``),
     checks with ``salt``, and the frame where it then ends does too: two frames the spool
@@ -534,6 +571,8 @@ def _ends_put_right(data: bytes, first: int) -> list[int]:
     one of its 32 bits flipped, and, if it is a PAD frame, at each sector boundary its
     zeros reach within ``PAD_SIZE_MAX`` (a burst over its length). Only ends in the file."""
     low = first + fmt.FRAME_HEADER_SIZE
+    if low > len(data):
+        return []  # not even a frame header
     length = fmt.FRAME_HEADER.unpack_from(data, first)[1]
     lengths = [length, *(length ^ 1 << bit for bit in range(32))]
     if data[first + 8] == fmt.T_PAD:
