@@ -397,15 +397,19 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
     from_fields = ((int(raw), head[24:28]), (by_header, head[28:32]), (by_public, head[28:32]))
     for maybe, field in from_fields:
         # The first frame is damaged beyond that: the two frames where its length field
-        # says it ends confirm the field's salt or the header CRC's, if that salt is a
-        # secret: a sender could guess the salt a field of low entropy gives (damage of
-        # a kind anyone can predict), and the length may be hit too, putting "where it
-        # ends" in a message body that holds frames made with it. Only those two: a frame
-        # found by searching could be message data. Never salt 0: anyone knows it.
+        # says it ends, or two in a row at a sector boundary (where every batch starts),
+        # confirm the field's salt or the header CRC's, if that salt is a secret. A
+        # sender could guess the salt a field of low entropy gives (damage of a kind
+        # anyone can predict) and put frames made with it in a message body, where the
+        # first frame's length, hit too, may point, or at a boundary; a secret salt no
+        # sender can make frames with. Never salt 0: anyone knows it.
         if (
             maybe is not None
             and not _guessable(field)
-            and _second_and_third_check(data, first, maybe)
+            and (
+                _second_and_third_check(data, first, maybe)
+                or _two_frames_at_a_boundary(data, first, maybe)
+            )
         ):
             return maybe
     chained = _salt_after_a_damaged_first_frame(data, first)
@@ -475,6 +479,16 @@ def _first_frame_end(data: bytes, first: int) -> int | None:
     None if the length is more than any frame's."""
     length = fmt.FRAME_HEADER.unpack_from(data, first)[1]
     return first + fmt.FRAME_HEADER_SIZE + length if length <= fmt.FRAME_PAYLOAD_MAX else None
+
+
+def _two_frames_at_a_boundary(data: bytes, first: int, salt: int) -> bool:
+    """Whether, at some sector boundary after ``first``, a frame and the one after it
+    check with ``salt``: the start of a batch the spool wrote, if the salt is a secret
+    (two frames at random check with a wrong salt once in 2^64 for each boundary)."""
+    for at in range(-(-(first + 1) // fmt.SECTOR) * fmt.SECTOR, len(data), fmt.SECTOR):
+        if _third_checks(data, at, salt):
+            return True
+    return False
 
 
 def _second_and_third_check(data: bytes, first: int, salt: int) -> bool:

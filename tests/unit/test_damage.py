@@ -1004,6 +1004,45 @@ def test_a_bit_of_the_first_frame_never_passes_its_own_salt_for_the_segments(
     assert found >= 250  # and nearly always found
 
 
+@pytest.mark.parametrize(
+    "hits",
+    [
+        {8: 0x03, 33: b"\0\0\0\0"},  # the version read as 1; the first CRC and length
+        {24: 0x01, 33: b"\0\0\0\0"},  # a bit of the salt field (its CRC field intact)
+        {24: 0x01, 151: b"\0\0\0\0"},  # and a burst over the first envelope's end
+    ],
+)
+def test_a_light_header_hit_and_a_burst_over_the_first_record_keep_the_segment(
+    tmp_path: Path, hits: dict[int, bytes | int]
+) -> None:
+    # Found by the review of aa12917: the right salt was a candidate (the field, or the
+    # intact CRC field's), but with the first record's CRC and length burst nothing where
+    # its length pointed could confirm it, and the whole segment was named. A salt that
+    # is a secret (from a field not of low entropy) is confirmed by two frames in a row at
+    # a sector boundary, where the spool began a batch: no sender can make them.
+    root = tmp_path / "spool"
+    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(20)]
+    seg = segment(root, 2)  # it begins with a record: a rollover in the middle of a batch
+    data = bytearray(seg.read_bytes())
+    salt = segment_salt(bytes(data))
+    first = parse_frame(bytes(data), 32, salt)
+    assert isinstance(first, Frame) and first.type == fmt.T_ENVELOPE
+    owner = rec.decode(first.type, first.payload).msg_id  # type: ignore[union-attr]
+    later = {m for m in msgs if m > owner}  # accepted after it: their records are here
+    for at, what in hits.items():
+        if isinstance(what, bytes):
+            data[at : at + len(what)] = what
+        else:
+            data[at] ^= what
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data), 2) == salt
+    report = repair_spool(str(root))
+    assert not {m for m, _ in report.fates} & later, report.fates
+    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
+        assert later <= {e.msg_id for e in sp.list() if e.held is None}
+
+
 def test_a_crc_field_burst_of_low_entropy_confirms_no_forged_salt(tmp_path: Path) -> None:
     # Found by the review of fe5a285: the header's CRC field burst to 01 00 00 00 (not all
     # zeros or ones, so trusted) and bit 10 of the open's padding's length: a sender who
