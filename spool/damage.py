@@ -354,6 +354,11 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
     if by_header is not None:
         candidates.append(by_header)
     by_public = _salt_of_the_public_header(head, number)
+    if by_public == raw:
+        # Only the public part was hit: put right, the header is consistent, and both the
+        # salt field and the CRC field read as written (one of them hit would need the
+        # other hit to match it exactly).
+        return by_public
     if by_public not in (None, by_header):
         candidates.append(by_public)
     crc, length, _ftype = fmt.FRAME_HEADER.unpack_from(data, first)
@@ -397,24 +402,29 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
     from_fields = ((int(raw), head[24:28]), (by_header, head[28:32]), (by_public, head[28:32]))
     for maybe, field in from_fields:
         # The first frame is damaged beyond that: the two frames where its length field
-        # says it ends, or two in a row at a sector boundary (where every batch starts),
-        # confirm the field's salt or the header CRC's, if that salt is a secret. A
-        # sender could guess the salt a field of low entropy gives (damage of a kind
-        # anyone can predict) and put frames made with it in a message body, where the
-        # first frame's length, hit too, may point, or at a boundary; a secret salt no
-        # sender can make frames with. Never salt 0: anyone knows it.
+        # says it ends confirm the field's salt or the header CRC's, if that salt is a
+        # secret. A sender could guess the salt a field of low entropy gives (damage of a
+        # kind anyone can predict, over all of it or part) and put frames made with it in
+        # a message body, where the first frame's length, hit too, may point. Never a
+        # frame found by searching (a body may hold frames made with any salt at any
+        # place), and never salt 0: anyone knows it.
         if (
             maybe is not None
             and not _guessable(field)
-            and (
-                _second_and_third_check(data, first, maybe)
-                or _two_frames_at_a_boundary(data, first, maybe)
-            )
+            and _second_and_third_check(data, first, maybe)
         ):
             return maybe
     chained = _salt_after_a_damaged_first_frame(data, first)
     if chained is not None:
         return chained
+    fixed = _header_one_bit_fixed(head)
+    if fixed is not None and _two_frames_at_a_boundary(data, first, segment_salt(fixed)):
+        # The header one flipped bit from consistent, and the first frame too damaged to
+        # say anything: that salt is a secret (a bit of the salt field, the CRC field or
+        # the rest put right), so two frames in a row at a sector boundary that check with
+        # it are the spool's, not a sender's. Last: a burst can leave a header one bit from
+        # consistent with a wrong salt, and then the frames above outvote it.
+        return segment_salt(fixed)
     for maybe in (int(raw), by_header):
         # Nothing checks: a fresh segment's padding alone, hit as well. Padding but for a
         # burst that spares its CRC, which is salted, confirms the salt.
@@ -444,29 +454,28 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
 
 
 def _guessable(field: bytes) -> bool:
-    """A header field that reads as a value of low entropy: bytes 0x00 and 0xFF alone,
-    a small number or few bits unset (at most 4 bits set or unset), or one byte or two
-    repeated. That is what damage typically leaves, and a sender can bet on it, so neither
-    the field nor the salt solved from it (the rest of the header is public) is a secret.
-    A random salt is such a value about once in 28,000; then only the first frame, put
-    right, can confirm it."""
+    """A header field that reads as a value of low entropy, over all of it or part: a
+    byte 0x00 or 0xFF (a burst of zeros or ones over one to four of its bytes, the rest
+    intact), at most 4 bits set or unset, or a pair of bytes repeated. That is what damage
+    typically leaves, and a sender can bet on it (and on the few secret bits left), so
+    neither the field nor the salt solved from it (the rest of the header is public) is a
+    secret. A random salt is such a value about once in 32; then other rules decide."""
     bits = int.from_bytes(field, "little").bit_count()
     return (
-        all(byte in (0x00, 0xFF) for byte in field) or not 4 < bits < 28 or field[:2] == field[2:]
+        any(byte in (0x00, 0xFF) for byte in field) or not 4 < bits < 28 or field[:2] == field[2:]
     )
 
 
 def _salt_of_the_public_header(head: bytes, number: int | None) -> int | None:
     """The salt that makes the header's CRC field match once its public part is put
-    right: the magic, the size, the version (1 if it reads 1, else the current one) and the
-    segment's number (from its file name). A burst over the number and the salt field
+    right: the magic, the size, the current version (salts are version 2's; version 1's
+    is 0) and the segment's number (from its file name). A burst over the number and the salt field
     leaves the CRC field intact, and this gives the salt it was computed over. None
     without the number, or if the public part reads right already (``by_header`` is it)."""
     if number is None:
         return None
-    version = 1 if fmt.SEGMENT_HEADER.unpack_from(head)[1] == 1 else fmt.FORMAT_VERSION
     public = fmt.SEGMENT_HEADER.pack(
-        fmt.SEGMENT_MAGIC, version, fmt.SEGMENT_HEADER_SIZE, number, 0, 0
+        fmt.SEGMENT_MAGIC, fmt.FORMAT_VERSION, fmt.SEGMENT_HEADER_SIZE, number, 0, 0
     )[:24]
     if public == head[:24]:
         return None
@@ -484,11 +493,24 @@ def _first_frame_end(data: bytes, first: int) -> int | None:
 def _two_frames_at_a_boundary(data: bytes, first: int, salt: int) -> bool:
     """Whether, at some sector boundary after ``first``, a frame and the one after it
     check with ``salt``: the start of a batch the spool wrote, if the salt is a secret
-    (two frames at random check with a wrong salt once in 2^64 for each boundary)."""
+    (two frames at random check with a wrong salt once in 2^64 for each boundary). The
+    work is bounded (``SCAN_WORK``, bytes checked in all): bytes that claim long frames
+    at every boundary give up the search, not minutes of it."""
+    budget = SCAN_WORK * max(len(data), fmt.SECTOR)
     for at in range(-(-(first + 1) // fmt.SECTOR) * fmt.SECTOR, len(data), fmt.SECTOR):
+        if at + fmt.FRAME_HEADER_SIZE > len(data):
+            break
+        length = fmt.FRAME_HEADER.unpack_from(data, at)[1]
+        budget -= min(length, len(data))
+        if budget < 0:
+            return False
         if _third_checks(data, at, salt):
             return True
     return False
+
+
+# How many times a segment's size ``_two_frames_at_a_boundary`` may checksum in all.
+SCAN_WORK = 4
 
 
 def _second_and_third_check(data: bytes, first: int, salt: int) -> bool:
