@@ -455,14 +455,18 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
 
 def _guessable(field: bytes) -> bool:
     """A header field that reads as a value of low entropy, over all of it or part: a
-    byte 0x00 or 0xFF (a burst of zeros or ones over one to four of its bytes, the rest
-    intact), at most 4 bits set or unset, or a pair of bytes repeated. That is what damage
-    typically leaves, and a sender can bet on it (and on the few secret bits left), so
-    neither the field nor the salt solved from it (the rest of the header is public) is a
-    secret. A random salt is such a value about once in 32; then other rules decide."""
+    byte 0x00 or 0xFF, or two of its bytes alike (a burst of zeros, ones or one repeated
+    byte over two to four of its bytes, the rest intact), or at most 4 bits set or unset.
+    That is what damage typically leaves, and a sender can bet on it and on the few secret
+    bits left (8 of them after a burst of three), so neither the field nor the salt solved
+    from it (the rest of the header is public) is a secret. A random salt is such a value
+    about once in 18; then other rules decide. What is left to a forger: a burst of one
+    byte (24 secret bits), or of two or more distinct bytes whose values he foresaw."""
     bits = int.from_bytes(field, "little").bit_count()
     return (
-        any(byte in (0x00, 0xFF) for byte in field) or not 4 < bits < 28 or field[:2] == field[2:]
+        any(byte in (0x00, 0xFF) for byte in field)
+        or len(set(field)) < len(field)
+        or not 4 < bits < 28
     )
 
 

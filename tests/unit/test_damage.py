@@ -1067,7 +1067,7 @@ def test_a_field_zeroed_in_part_confirms_no_forged_salt_at_any_boundary(
         solved = _solve(lambda x: crc32c(head + x.to_bytes(4, "little")), crc)
         salts.append(int.from_bytes(value, "little") if field == 24 else solved)
 
-    def build(root: Path, start: int) -> bytearray:
+    def build(root: Path, start: int) -> tuple[bytearray, str]:
         with Spool.open(root, segment_size=1 << 20, clock=FakeClock()) as sp:
             victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
         with Spool.open(root, segment_size=1 << 20, clock=FakeClock()) as sp:
@@ -1078,15 +1078,15 @@ def test_a_field_zeroed_in_part_confirms_no_forged_salt_at_any_boundary(
                 forged += encode_frame(fmt.T_PAD, b"", salt)
                 at = 1024 + 512 * i - start  # at the sector boundaries of segment 2
                 body[at : at + len(forged)] = forged
-            sp.accept("evil@example.org", ["x@example.net"], bytes(body))
-        return bytearray(segment(root, 2).read_bytes())
+            sender = sp.accept("evil@example.org", ["x@example.net"], bytes(body))
+        return bytearray(segment(root, 2).read_bytes()), sender
 
-    start = build(tmp_path / "template", 200).find(b"A" * 64)  # where the data begins
+    start = data_offset(*build(tmp_path / "template", 200))  # where the data begins
     for attempt in range(64):
         # A segment whose secret byte left (byte 24, or 31) has 5 to 7 bits set: the
         # value a count of bits alone did not flag (the salt is random: build again).
         root = tmp_path / f"spool{attempt}"
-        data = build(root, start)
+        data, _sender = build(root, start)
         if 5 <= data[24 if field == 24 else 31].bit_count() <= 7:
             break
     assert isinstance(parse_frame(bytes(data), 1024, salts[0]), Frame)  # in place
@@ -1097,6 +1097,52 @@ def test_a_field_zeroed_in_part_confirms_no_forged_salt_at_any_boundary(
     data[33:37] = b"\0\0\0\0"  # and the first frame's CRC and length
     segment(root, 2).write_bytes(bytes(data))
     assert recover_salt(bytes(data), 2) not in salts
+    repair_spool(str(root))
+    assert forged_holds(root) == []
+
+
+@pytest.mark.parametrize("field", [24, 28])
+def test_a_field_burst_to_one_repeated_byte_in_part_confirms_no_forged_salt(
+    tmp_path: Path, field: int
+) -> None:
+    # Found by the review of b646033: a burst of one repeated byte (5A) over three bytes of
+    # the salt field (or of the CRC field) leaves the fourth byte's 8 bits secret; with
+    # the first frame's length hit so that it pointed into a message body holding a forged
+    # hold of another message and a PAD made with the salt that damage gives for the
+    # right guess of that byte, the repair read the hold. Here the body holds one such
+    # pair for each of the 256 guesses, and the length is hit to point at the right one.
+    head = segment_header(2, 0)[:24]  # the sender's message opens segment 2
+
+    def salt_for(secret: int) -> int:
+        value = bytes([0x5A, 0x5A, 0x5A, secret]) if field == 24 else bytes([secret]) + b"ZZZ"
+        if field == 24:
+            return int.from_bytes(value, "little")
+        crc = int.from_bytes(value, "little")
+        solved = _solve(lambda x: crc32c(head + x.to_bytes(4, "little")), crc)
+        assert solved is not None
+        return solved
+
+    root = tmp_path / "spool"
+    with Spool.open(root, segment_size=1 << 20, clock=FakeClock()) as sp:
+        victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
+    with Spool.open(root, segment_size=1 << 20, clock=FakeClock()) as sp:
+        body = bytearray(b"A" * (300 * 512))
+        for secret in range(256):
+            control = rec.Control("hold", victim, 1e9, why="x")
+            forged = encode_frame(*rec.encode(control), salt_for(secret))
+            forged += encode_frame(fmt.T_PAD, b"", salt_for(secret))
+            body[512 * secret + 100 : 512 * secret + 100 + len(forged)] = forged
+        sender = sp.accept("evil@example.org", ["x@example.net"], bytes(body))
+    seg = segment(root, 2)
+    data = bytearray(seg.read_bytes())
+    start = data_offset(bytes(data), sender)
+    secret = data[27 if field == 24 else 28]
+    target = start + 512 * secret + 100  # the pair made for this segment's secret byte
+    assert isinstance(parse_frame(bytes(data), target, salt_for(secret)), Frame)  # in place
+    data[field + (0 if field == 24 else 1) : field + (3 if field == 24 else 4)] = b"ZZZ"
+    data[36:40] = (target - 41).to_bytes(4, "little")  # the first frame's length, hit
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data), 2) != salt_for(secret)
     repair_spool(str(root))
     assert forged_holds(root) == []
 
@@ -1123,8 +1169,8 @@ def test_a_crc_field_burst_of_low_entropy_confirms_no_forged_salt(tmp_path: Path
             body[at : at + len(forged)] = forged
             return [victim, sp.accept("evil@example.org", ["x@example.net"], bytes(body))]
 
-    build(tmp_path / "template", 2000)  # forged frames well after where the data starts
-    start = segment(tmp_path / "template", 1).read_bytes().index(b"A" * 64)
+    template = build(tmp_path / "template", 2000)  # forged frames well after the start
+    start = data_offset(segment(tmp_path / "template", 1).read_bytes(), template[1])
     root = tmp_path / "spool"
     msgs = build(root, target - start)
     seg = segment(root, 1)
@@ -1161,6 +1207,12 @@ def spool_with_a_forged_hold(root: Path, salt: int, at: int) -> list[str]:
         body = bytearray(b"A" * 2000)
         body[at : at + len(forged)] = forged
         return [victim, sp.accept("evil@example.org", ["x@example.net"], bytes(body))]
+
+
+def data_offset(data: bytes, msg_id: str) -> int:
+    """Where the data of message ``msg_id``'s inline body begins in segment bytes ``data``:
+    after its BODY frame's type byte and the id its payload starts with."""
+    return data.index(bytes([fmt.T_BODY]) + msg_id.encode()) + 1 + len(msg_id)
 
 
 def forged_holds(root: Path) -> list[rec.Record]:
