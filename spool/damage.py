@@ -323,27 +323,40 @@ SALT_BITS_MAX = 4
 
 
 def recover_salt(data: bytes, number: int | None = None) -> int | None:
-    """The salt of a segment whose header is damaged, or None.
+    """The salt of a segment whose header is damaged, or None (docs/format.md, "The salt
+    is found among", says the same rules for a reader of the format).
 
     Candidates: the salt field as it reads (the damage hit another field), the one value
-    of that field that makes the header's CRC match (the damage hit the salt), the one
-    salt that makes the first frame's CRC match (both were hit), and 0 (version 1). A CRC
-    is affine in its starting value and in its last four bytes, so each solution is found
-    by elimination over GF(2) (``_solve``), not by search. A candidate counts only if the
-    first frame checks with it and, when the file holds one, the second frame too: any
-    single frame checks with *some* salt, two at random with probability 2^-32. A first
-    frame alone (nothing readable after it) confirms its salt when the salt field is within
-    ``SALT_BITS_MAX`` bits of it, or when a valid frame lies further on. With no frame
-    that checks at all, the header's salt counts when the segment is its padding alone
-    but for a burst that spared the padding's (salted) CRC; and a segment that is its
-    padding alone in all but the PAD's CRC (and a few bits) holds nothing any salt could
-    make a record of, so it keeps the salt of its header put right by one bit, or the
-    PAD's, or its salt field as it reads. Salt 0 is a candidate only when the version
-    field does not say the current version (whose salts are random): message data could
-    hold frames made with salt 0, or with any salt an author chose, which is why no frame
-    found at random confirms a salt that is not one of the candidates. A header one bit
-    from consistent never outvotes a frame: a burst over its CRC or salt field can make it
-    so with a wrong salt.
+    of that field that makes the header's CRC match (the damage hit the salt), the same
+    over the header's public part put right (magic, version, size, and ``number``, the
+    file name's), the one salt that makes the first frame's CRC match (both were hit),
+    and 0 (a version-1 header). A CRC is affine in its starting value and in its last
+    four bytes, so each solution is found by elimination over GF(2) (``_solve``). The
+    rules, in order:
+
+    0. The public part put right makes the header consistent: the field's salt.
+    1. The first frame checks with a candidate and the frame after it confirms it
+       (``_frame_after_confirms``); or the header vouches for it (its CRC, an intact
+       field); or, a lone first frame, its own salt is within ``SALT_BITS_MAX`` bits of
+       the field.
+    2. The first frame put right checks with a candidate, and so does the frame where it
+       then ends (``_confirmed_by_the_first_frame_put_right``): no sender can make the
+       spool's first frame check with a salt of his.
+    3. The two frames where the first frame's length field says it ends check with a
+       candidate whose field is not of low entropy (``_guessable``): a sender could bet
+       on such damage and put frames where a hit length points. Never salt 0.
+    4. Neither field right: the salt solved where the first frame ends, put right, or at
+       the sector boundary after a first frame that is padding in shape
+       (``_salt_after_a_damaged_first_frame``).
+    5. A header one flipped bit from consistent: its salt (a secret), if two frames in a
+       row at a sector boundary check with it. Last: a burst can leave a header so with a
+       wrong salt, and every frame rule above outvotes it.
+    6. No frame checks: a segment that is its padding alone (but for a burst that spared
+       its salted CRC, or in all but its CRC and a few bits) keeps the salt its header or
+       padding gives; it holds nothing any salt could make a record of.
+
+    No frame found elsewhere confirms a salt: message data may hold frames made with any
+    salt its author chose, at any place, sector boundaries included.
     """
     first = fmt.SEGMENT_HEADER_SIZE
     head = data[: fmt.SEGMENT_HEADER_SIZE]
