@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import cbor2
@@ -50,6 +51,16 @@ def flip(path: Path, *offsets: int) -> None:
     for offset in offsets:
         data[offset] ^= 0x01
     path.write_bytes(bytes(data))
+
+
+def hit(data: bytearray, hits: Mapping[int, bytes | int]) -> None:
+    """Damage ``data`` in place: at each offset, bytes written over it, or a mask
+    flipping bits of the byte there."""
+    for at, what in hits.items():
+        if isinstance(what, bytes):
+            data[at : at + len(what)] = what
+        else:
+            data[at] ^= what
 
 
 def records_of(root: Path, kind: type) -> list[tuple[Position, rec.Record]]:
@@ -382,9 +393,9 @@ def test_only_bytes_that_are_padding_but_for_one_burst_pass_for_it() -> None:
     assert not _padding_but_for_a_burst(bytes(480), salt)  # zeroed by a lost write
     ftype, payload = rec.encode(rec.Start("0123456789ABCDEF", Position(1, 32), 0, 1.0))
     record = encode_frame(ftype, payload, salt)
-    hit = bytearray(record)
-    hit[0:4] = b"\0\0\0\0"
-    assert not _padding_but_for_a_burst(bytes(hit), salt)
+    struck = bytearray(record)
+    struck[0:4] = b"\0\0\0\0"
+    assert not _padding_but_for_a_burst(bytes(struck), salt)
 
 
 @pytest.mark.parametrize("first", range(fmt.FRAME_HEADER_SIZE - BURST, fmt.FRAME_HEADER_SIZE))
@@ -819,11 +830,7 @@ def test_the_opens_padding_with_its_length_hit_still_gives_the_salt(
     data = bytearray(seg.read_bytes())
     salt = segment_salt(bytes(data))
     assert data[40] == fmt.T_PAD and data[41:512] == bytes(471)  # an open's padding
-    for at, hit in hits.items():
-        if isinstance(hit, bytes):
-            data[at : at + len(hit)] = hit
-        else:
-            data[at] ^= hit
+    hit(data, hits)
     seg.write_bytes(bytes(data))
     assert recover_salt(bytes(data)) == salt
     repaired_keeping(root, msgs, segment_size=4096)
@@ -856,8 +863,7 @@ def test_a_header_burst_and_a_burst_over_the_opens_padding_keep_the_segments_mai
     data = bytearray(seg.read_bytes())
     salt = segment_salt(bytes(data))
     assert data[40] == fmt.T_PAD and data[36:40] == (471).to_bytes(4, "little")
-    for at, hit in hits.items():
-        data[at : at + len(hit)] = hit
+    hit(data, hits)
     seg.write_bytes(bytes(data))
     assert recover_salt(bytes(data)) == salt
     repaired_keeping(root, msgs, segment_size=4096)
@@ -916,8 +922,8 @@ def test_a_burst_over_the_number_and_the_salt_field_keeps_the_segments_mail(
     salt = segment_salt(bytes(data))
     first = parse_frame(bytes(data), 32, salt)
     assert isinstance(first, Frame) and first.size > 104
-    hit = rec.decode(first.type, first.payload)
-    owner = hit.target if isinstance(hit, rec.Control) else hit.msg_id
+    record = rec.decode(first.type, first.payload)
+    owner = record.target if isinstance(record, rec.Control) else record.msg_id
     data[at : at + 4] = b"\x5a\xa5\x5a\xa5"
     data[100:104] = b"\xff\xff\xff\xff"  # and a burst in the first record's payload
     seg.write_bytes(bytes(data))
@@ -958,16 +964,12 @@ def test_a_header_burst_over_both_fields_and_a_hit_in_the_second_frame_keep_the_
     seg = segment(root, 2 if rolled else 1)
     data = bytearray(seg.read_bytes())
     salt = segment_salt(bytes(data))
-    hit_frame = 32 if rolled else 512  # rolled: an envelope at 32, its BODY at 154
-    hit = parse_frame(bytes(data), hit_frame, salt)
-    assert isinstance(hit, Frame)
-    owner = rec.decode(hit.type, hit.payload).msg_id  # type: ignore[union-attr]
+    at = 32 if rolled else 512  # rolled: an envelope at 32, its BODY at 154
+    struck = parse_frame(bytes(data), at, salt)
+    assert isinstance(struck, Frame)
+    owner = rec.decode(struck.type, struck.payload).msg_id  # type: ignore[union-attr]
     data[26:30] = b"\x41\x02\xff\x01"  # over the salt field and the CRC field
-    for at, what in hits.items():
-        if isinstance(what, bytes):
-            data[at : at + len(what)] = what
-        else:
-            data[at] ^= what
+    hit(data, hits)
     seg.write_bytes(bytes(data))
     assert recover_salt(bytes(data), 2 if rolled else 1) == salt
     report = repair_spool(str(root))
@@ -1036,11 +1038,7 @@ def test_a_light_header_hit_and_a_burst_over_the_first_record_keep_the_segment(
     assert isinstance(first, Frame) and first.type == fmt.T_ENVELOPE
     owner = rec.decode(first.type, first.payload).msg_id  # type: ignore[union-attr]
     later = {m for m in msgs if m > owner}  # accepted after it: their records are here
-    for at, what in hits.items():
-        if isinstance(what, bytes):
-            data[at : at + len(what)] = what
-        else:
-            data[at] ^= what
+    hit(data, hits)
     seg.write_bytes(bytes(data))
     assert recover_salt(bytes(data), 2) == salt
     report = repair_spool(str(root))
