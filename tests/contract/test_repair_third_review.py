@@ -21,18 +21,26 @@ from spool.testing import FakeClock
 from tests.contract.repairing import OPTS, T0, claimed_later, flip, kind, records, run_child
 
 
+def delivered_beside_another(root: Path) -> str:
+    """D accepted, claimed, and delivered while E (a BODY frame of 29 bytes) was accepted
+    after D's START; E's id. D's START is the one record between its envelope and its
+    finish that says the envelope is used up."""
+    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
+        d = sp.accept("alice@x.org", ["bob@x.net"], b"d" * 50)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == d
+        e = sp.accept("alice@x.org", ["carol@x.net"], b"e" * 4)
+        attempt.delivered(["bob@x.net"], "250 ok")
+        attempt.close()
+    return e
+
+
 def test_a_lost_start_beside_a_tiny_damaged_body_is_noted(tmp_path: Path) -> None:
     # The note went to the last damaged region after D's envelope that was not padding: a
     # damaged BODY frame of 29 bytes, which no marker carrying the note fits. The repair
     # crashed with an AssertionError.
     root = tmp_path / "spool"
-    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
-        d = sp.accept("alice@x.org", ["bob@x.net"], b"d" * 50)
-        attempt = sp.claim()
-        assert attempt is not None and attempt.msg_id == d
-        e = sp.accept("alice@x.org", ["carol@x.net"], b"e" * 4)  # a BODY frame of 29 bytes
-        attempt.delivered(["bob@x.net"], "250 ok")
-        attempt.close()
+    e = delivered_beside_another(root)
     items = records(root)
     start = next(p for p, r, _ in items if kind(r) == "Start")
     body = next(p for p, _, f in items if f is not None and f.type == fmt.T_BODY and p > start)
@@ -50,13 +58,7 @@ def test_a_crash_right_after_the_used_up_note_leaves_it_for_recovery(tmp_path: P
     # positions. The rerun's open reads the note in recovery (the envelope is used up),
     # and D, delivered, is never handed out again.
     root = tmp_path / "spool"
-    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
-        d = sp.accept("alice@x.org", ["bob@x.net"], b"d" * 50)
-        attempt = sp.claim()
-        assert attempt is not None and attempt.msg_id == d
-        e = sp.accept("alice@x.org", ["carol@x.net"], b"e" * 4)
-        attempt.delivered(["bob@x.net"], "250 ok")
-        attempt.close()
+    e = delivered_beside_another(root)
     items = records(root)
     start = next(p for p, r, _ in items if kind(r) == "Start")
     flip(root, (start.offset + 4, 0x18))

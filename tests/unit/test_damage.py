@@ -788,14 +788,20 @@ def test_a_header_and_the_first_frame_both_hit_keep_the_segments_mail(tmp_path: 
     repaired_keeping(root, msgs)
 
 
+def four_after_the_opens_padding(root: Path) -> tuple[list[str], Path, bytearray]:
+    """A fresh spool of four messages, in segment 1 after the padding its open began it
+    with (to 512): their ids, the segment's path and its bytes."""
+    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(4)]
+    seg = newest(root)
+    return msgs, seg, bytearray(seg.read_bytes())
+
+
 def test_a_header_burst_and_a_bit_of_the_opens_padding_keep_the_segments_mail(
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "spool"
-    with Spool.open(root, segment_size=4096) as sp:
-        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(4)]
-    seg = newest(root)
-    data = bytearray(seg.read_bytes())
+    msgs, seg, data = four_after_the_opens_padding(root)
     for at, mask in zip(range(26, 30), (0x41, 0x02, 0xFF, 0x01), strict=True):
         data[at] ^= mask
     data[60] ^= 0x01  # the payload of the padding an open's checkpoint began it with
@@ -824,10 +830,7 @@ def test_the_opens_padding_with_its_length_hit_still_gives_the_salt(
     # zeros reach, where the spool began its next batch: the salt solved from that frame's
     # CRC is the segment's if the PAD's own CRC confirms it.
     root = tmp_path / "spool"
-    with Spool.open(root, segment_size=4096) as sp:
-        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(4)]
-    seg = newest(root)
-    data = bytearray(seg.read_bytes())
+    msgs, seg, data = four_after_the_opens_padding(root)
     salt = segment_salt(bytes(data))
     assert data[40] == fmt.T_PAD and data[41:512] == bytes(471)  # an open's padding
     hit(data, hits)
@@ -857,10 +860,7 @@ def test_a_header_burst_and_a_burst_over_the_opens_padding_keep_the_segments_mai
     # other field's was intact; a type byte hit hid where the padding ended; and a PAD
     # whose length was burst was not put right to the sector boundary its zeros reach.
     root = tmp_path / "spool"
-    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
-        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(4)]
-    seg = newest(root)
-    data = bytearray(seg.read_bytes())
+    msgs, seg, data = four_after_the_opens_padding(root)
     salt = segment_salt(bytes(data))
     assert data[40] == fmt.T_PAD and data[36:40] == (471).to_bytes(4, "little")
     hit(data, hits)
@@ -1159,13 +1159,7 @@ def test_a_crc_field_burst_of_low_entropy_confirms_no_forged_salt(tmp_path: Path
     target = fmt.SEGMENT_HEADER_SIZE + fmt.FRAME_HEADER_SIZE + (471 ^ 1 << 10)
 
     def build(root: Path, at: int) -> list[str]:
-        with Spool.open(root, segment_size=1 << 20, clock=FakeClock()) as sp:
-            victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
-            forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), evil)
-            forged += encode_frame(fmt.T_PAD, b"", evil)
-            body = bytearray(b"A" * 3000)
-            body[at : at + len(forged)] = forged
-            return [victim, sp.accept("evil@example.org", ["x@example.net"], bytes(body))]
+        return spool_with_a_forged_hold(root, evil, at, segment_size=1 << 20, size=3000)
 
     template = build(tmp_path / "template", 2000)  # forged frames well after the start
     start = data_offset(segment(tmp_path / "template", 1).read_bytes(), template[1])
@@ -1194,15 +1188,18 @@ def test_a_long_zeroed_segment_after_a_damaged_header_is_read_in_one_pass() -> N
     assert recover_salt(bytes(head) + bytes(32 << 20)) is None
 
 
-def spool_with_a_forged_hold(root: Path, salt: int, at: int) -> list[str]:
-    """A victim's message, then a sender's whose body holds, ``at`` bytes into its data,
-    a "hold" of the victim and a PAD frame forged with ``salt``; the sender's envelope
-    opens segment 3 (its data starts at offset 182 there). The two ids."""
-    with Spool.open(root, segment_size=512, clock=FakeClock()) as sp:
+def spool_with_a_forged_hold(
+    root: Path, salt: int, at: int, segment_size: int = 512, size: int = 2000
+) -> list[str]:
+    """A victim's message, then a sender's whose body (``size`` bytes) holds, ``at`` bytes
+    into its data, a "hold" of the victim and a PAD frame forged with ``salt``; with the
+    default segment size the sender's envelope opens segment 3 (its data starts at offset
+    182 there). The two ids."""
+    with Spool.open(root, segment_size=segment_size, clock=FakeClock()) as sp:
         victim = sp.accept("a@example.org", ["victim@example.net"], b"v" * 100)
         forged = encode_frame(*rec.encode(rec.Control("hold", victim, 1e9, why="x")), salt)
         forged += encode_frame(fmt.T_PAD, b"", salt)
-        body = bytearray(b"A" * 2000)
+        body = bytearray(b"A" * size)
         body[at : at + len(forged)] = forged
         return [victim, sp.accept("evil@example.org", ["x@example.net"], bytes(body))]
 
