@@ -336,15 +336,15 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
 
     0. The public part put right makes the header consistent: the field's salt.
     1. The first frame checks with a candidate and the frame after it confirms it
-       (``_frame_after_confirms``); or the header vouches for it (its CRC, an intact
-       field); or, a lone first frame, its own salt is within ``SALT_BITS_MAX`` bits of
-       the field.
+       (``_frame_after_confirms``); or it is the salt field as it reads; or, a lone
+       first frame, its own salt is within ``SALT_BITS_MAX`` bits of the field.
     2. The first frame put right checks with a candidate, and so does the frame where it
        then ends (``_confirmed_by_the_first_frame_put_right``): no sender can make the
        spool's first frame check with a salt of his.
-    3. The two frames where the first frame's length field says it ends check with a
-       candidate whose field is not of low entropy (``_guessable``): a sender could bet
-       on such damage and put frames where a hit length points. Never salt 0.
+    3. The two frames where the first frame's length field says it ends (or the two
+       after a hit second frame) check with a candidate whose field is not of low
+       entropy (``_guessable``): a sender could bet on such damage and put frames where a
+       hit length points. Never salt 0.
     4. Neither field right: the salt solved where the first frame ends, put right, or at
        the sector boundary after a first frame that is padding in shape
        (``_salt_after_a_damaged_first_frame``).
@@ -390,11 +390,17 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
         # A salt the first frame's own CRC gives is no secret when that CRC reads as low
         # entropy and the frame is padding (zeros and a length anyone can know).
         secret = salt != by_frame or not _guessable(data[first : first + 4])
-        solved = salt == by_frame and salt not in (raw, by_header, by_public)
+        # Every candidate but the field as it reads is solved from a CRC, and a CRC is
+        # affine in its start: a salt solved from a header CRC field off by e checks with
+        # any frame whose bytes 8 to 11 are off by e, and makes the frame after look one
+        # bit off. One flipped bit in each place does it, so such a salt needs a frame
+        # after the first that checks as it is.
+        solved = salt != raw
         if after < len(data) and _frame_after_confirms(data, after, salt, secret, solved):
             return salt  # two frames check with it (the second, perhaps, put right)
-        if salt in (raw, by_header, by_public):
-            return salt  # the header vouches for it (its CRC, or an intact salt field)
+        if salt == raw:
+            return salt  # the salt field vouches for it (its bit flipped would move the
+            # first frame's length, where that frame ends: no bit of it can make up for one)
         # A lone frame (nothing after it) checks with the salt solved from its own CRC
         # whatever it holds: that alone confirms nothing (below: the field must be near).
     if (
@@ -424,7 +430,10 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
         if (
             maybe is not None
             and not _guessable(field)
-            and _second_and_third_check(data, first, maybe)
+            and (
+                _second_and_third_check(data, first, maybe)
+                or _two_frames_after_the_second(data, first, maybe)
+            )
         ):
             return maybe
     chained = _salt_after_a_damaged_first_frame(data, first)
@@ -528,6 +537,18 @@ def _two_frames_at_a_boundary(data: bytes, first: int, salt: int) -> bool:
 
 # How many times a segment's size ``_two_frames_at_a_boundary`` may checksum in all.
 SCAN_WORK = 4
+
+
+def _two_frames_after_the_second(data: bytes, first: int, salt: int) -> bool:
+    """Whether, the second frame (where the first one's length field says it ends) being
+    hit too, the two frames after it by its length field check with ``salt``: two, since
+    a salt solved from a damaged header CRC field checks with any one frame damaged to
+    match (a CRC is affine in its start)."""
+    second = _first_frame_end(data, first)
+    if second is None or second + fmt.FRAME_HEADER_SIZE > len(data):
+        return False
+    third = _first_frame_end(data, second)
+    return third is not None and third < len(data) and _third_checks(data, third, salt)
 
 
 def _second_and_third_check(data: bytes, first: int, salt: int) -> bool:
