@@ -339,7 +339,7 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
        (``_frame_after_confirms``); or it is the salt field as it reads; or, a lone
        first frame, its own salt is within ``SALT_BITS_MAX`` bits of the field.
     2. The first frame put right checks with a candidate, and so does the frame where it
-       then ends (``_confirmed_by_the_first_frame_put_right``): no sender can make the
+       then ends (``_put_right_and_followed``): no sender can make the
        spool's first frame check with a salt of his.
     3. The two frames where the first frame's length field says it ends (or the two
        after a hit second frame) check with a candidate whose field is not of low
@@ -416,7 +416,7 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
         # The first frame is damaged too, by one flipped bit (its length's or type's
         # included) or, the open's padding, in its length: put right, it checks with the
         # salt, and so does the frame where it then ends (the spool's, not a body's).
-        if maybe is not None and _confirmed_by_the_first_frame_put_right(data, first, maybe):
+        if maybe is not None and _put_right_and_followed(data, first, maybe):
             return maybe
     from_fields = ((int(raw), head[24:28]), (by_header, head[28:32]), (by_public, head[28:32]))
     for maybe, field in from_fields:
@@ -492,12 +492,18 @@ def _guessable(field: bytes) -> bool:
     )
 
 
+def _boundary_at_or_after(offset: int) -> int:
+    """The first sector boundary at ``offset`` or after it."""
+    return offset + -offset % fmt.SECTOR
+
+
 def _salt_of_the_public_header(head: bytes, number: int | None) -> int | None:
     """The salt that makes the header's CRC field match once its public part is put
     right: the magic, the size, the current version (salts are version 2's; version 1's
-    is 0) and the segment's number (from its file name). A burst over the number and the salt field
-    leaves the CRC field intact, and this gives the salt it was computed over. None
-    without the number, or if the public part reads right already (``by_header`` is it)."""
+    is 0) and the segment's number (from its file name). A burst over the number and the
+    salt field leaves the CRC field intact, and this gives the salt it was computed over.
+    None without the number, or if the public part reads right already (``by_header``
+    is it)."""
     if number is None:
         return None
     public = fmt.SEGMENT_HEADER.pack(
@@ -509,11 +515,15 @@ def _salt_of_the_public_header(head: bytes, number: int | None) -> int | None:
     return _solve(lambda x: crc32c(public + x.to_bytes(4, "little")), crc)
 
 
-def _first_frame_end(data: bytes, first: int) -> int | None:
-    """Where the first frame ends by its length field, whatever its type byte reads;
-    None if the length is more than any frame's."""
+def _end_by_length(data: bytes, first: int) -> int | None:
+    """Where the frame at ``first`` ends by its length field, whatever its type byte
+    reads; None if the length is more than any frame's."""
     length = fmt.FRAME_HEADER.unpack_from(data, first)[1]
     return first + fmt.FRAME_HEADER_SIZE + length if length <= fmt.FRAME_PAYLOAD_MAX else None
+
+
+# How many times a segment's size ``_two_frames_at_a_boundary`` may checksum in all.
+SCAN_WORK = 4
 
 
 def _two_frames_at_a_boundary(data: bytes, first: int, salt: int) -> bool:
@@ -523,20 +533,16 @@ def _two_frames_at_a_boundary(data: bytes, first: int, salt: int) -> bool:
     work is bounded (``SCAN_WORK``, bytes checked in all): bytes that claim long frames
     at every boundary give up the search, not minutes of it."""
     budget = SCAN_WORK * max(len(data), fmt.SECTOR)
-    for at in range(-(-(first + 1) // fmt.SECTOR) * fmt.SECTOR, len(data), fmt.SECTOR):
+    for at in range(_boundary_at_or_after(first + 1), len(data), fmt.SECTOR):
         if at + fmt.FRAME_HEADER_SIZE > len(data):
             break
         length = fmt.FRAME_HEADER.unpack_from(data, at)[1]
         budget -= min(length, len(data))
         if budget < 0:
             return False
-        if _third_checks(data, at, salt):
+        if _two_frames_check(data, at, salt):
             return True
     return False
-
-
-# How many times a segment's size ``_two_frames_at_a_boundary`` may checksum in all.
-SCAN_WORK = 4
 
 
 def _two_frames_after_the_second(data: bytes, first: int, salt: int) -> bool:
@@ -544,18 +550,18 @@ def _two_frames_after_the_second(data: bytes, first: int, salt: int) -> bool:
     hit too, the two frames after it by its length field check with ``salt``: two, since
     a salt solved from a damaged header CRC field checks with any one frame damaged to
     match (a CRC is affine in its start)."""
-    second = _first_frame_end(data, first)
+    second = _end_by_length(data, first)
     if second is None or second + fmt.FRAME_HEADER_SIZE > len(data):
         return False
-    third = _first_frame_end(data, second)
-    return third is not None and third < len(data) and _third_checks(data, third, salt)
+    third = _end_by_length(data, second)
+    return third is not None and third < len(data) and _two_frames_check(data, third, salt)
 
 
 def _second_and_third_check(data: bytes, first: int, salt: int) -> bool:
     """Whether the frame where the first one ends (by its length field) and the frame
     after it both check with ``salt``: frames the spool wrote, never message data."""
-    second = _first_frame_end(data, first)
-    return second is not None and second < len(data) and _third_checks(data, second, salt)
+    second = _end_by_length(data, first)
+    return second is not None and second < len(data) and _two_frames_check(data, second, salt)
 
 
 def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:
@@ -565,24 +571,23 @@ def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:
 
     Where the first frame ends: by its length field put right (``_ends_put_right``), and
     then the frame after the second must check with the salt and the first frame check
-    with it too, one flipped bit of it put right (``_first_frame_checks_to``). Or, when
-    the first frame is the padding an open's checkpoint begins a segment with in all but a
-    few bits (its length and type among them, ``_padding_in_shape``), at the sector
-    boundary its zeros reach, where the spool began its next batch; and then the PAD's own
-    CRC must be the one that salt gives (within ``PAD_CRC_BITS_MAX`` bits when the frame
-    after the second checks as well). A frame found anywhere else could be message data
-    made with a salt of its author's choosing; these could be only if the first frame's
-    length put right pointed into a message body and the first frame then checked with
-    the author's salt (about 2^-32 for each end and each bit tried), or a record were
-    within a few bits of padding (its id alone is dozens of bits from it).
+    with it too (``_checks_ending_at``). Or, when the first frame is the padding an open's
+    checkpoint begins a segment with, whatever its CRC, length and type read
+    (``_padding_shaped_end``), at the sector boundary where the spool began its next
+    batch; and then the PAD's own CRC must be the one that salt gives, or the frame after
+    the second check with it. A frame found anywhere else could be message data made with
+    a salt of its author's choosing; these could be only if the first frame's length put
+    right pointed into a message body and the first frame then checked with the author's
+    salt (about 2^-32 for each end and each bit tried), or a record were within a few
+    bits or one burst of padding (its id alone is dozens of bits from it).
     """
     ends = _ends_put_right(data, first)
     for second in ends:
         salt = _salt_of_frame_at(data, second)
         if (
             salt is not None
-            and _third_checks(data, second, salt)
-            and _first_frame_checks_to(data, first, second, salt)
+            and _two_frames_check(data, second, salt)
+            and _checks_ending_at(data, first, second, salt)
         ):
             return salt
     end = _padding_shaped_end(data, first)
@@ -591,13 +596,13 @@ def _salt_after_a_damaged_first_frame(data: bytes, first: int) -> int | None:
         return None
     if pad_frame(end - first, salt)[:4] == data[first : first + 4]:
         return salt  # the padding's own CRC (salted) confirms it
-    return salt if _third_checks(data, end, salt) else None
+    return salt if _two_frames_check(data, end, salt) else None
 
 
 def _frame_after_confirms(data: bytes, at: int, salt: int, secret: bool, solved: bool) -> bool:
     """Whether the frame at ``at``, after a first frame that checks with ``salt``, confirms
     it: it checks with it; or it does once put right (one flipped bit, its length's
-    included: ``_ends_put_right``, ``_first_frame_checks_to``) and, if the salt was
+    included: ``_ends_put_right``, ``_checks_ending_at``) and, if the salt was
     ``solved`` from the first frame's own CRC, the frame where it then ends checks too;
     or, the salt being a ``secret``, the frame after it by its length field checks (the
     second frame hit beyond one bit).
@@ -612,13 +617,13 @@ def _frame_after_confirms(data: bytes, at: int, salt: int, secret: bool, solved:
     damaged exactly so."""
     if isinstance(parse_frame(data, at, salt), Frame):
         return True
-    for end in _ends_put_right(data, at):
-        if _first_frame_checks_to(data, at, end, salt) and (
-            not solved or (end < len(data) and isinstance(parse_frame(data, end, salt), Frame))
-        ):
+    if solved:
+        if _put_right_and_followed(data, at, salt):
             return True
+    elif any(_checks_ending_at(data, at, end, salt) for end in _ends_put_right(data, at)):
+        return True
     following = (
-        _first_frame_end(data, at) if secret and at + fmt.FRAME_HEADER_SIZE <= len(data) else None
+        _end_by_length(data, at) if secret and at + fmt.FRAME_HEADER_SIZE <= len(data) else None
     )
     return (
         following is not None
@@ -627,33 +632,33 @@ def _frame_after_confirms(data: bytes, at: int, salt: int, secret: bool, solved:
     )
 
 
-def _confirmed_by_the_first_frame_put_right(data: bytes, first: int, salt: int) -> bool:
-    """Whether the first frame, put right (``_ends_put_right``, ``_first_frame_checks_to``),
-    checks with ``salt``, and the frame where it then ends does too: two frames the spool
-    wrote, as a sender's could only be if the spool's first frame checked with the
-    sender's salt."""
+def _put_right_and_followed(data: bytes, at: int, salt: int) -> bool:
+    """Whether the frame at ``at``, put right (``_ends_put_right``, ``_checks_ending_at``),
+    checks with ``salt``, and the frame where it then ends does too. For the first frame:
+    two frames the spool wrote, as a sender's could only be if the spool's first frame
+    checked with the sender's salt."""
     return any(
         end < len(data)
-        and _first_frame_checks_to(data, first, end, salt)
+        and _checks_ending_at(data, at, end, salt)
         and isinstance(parse_frame(data, end, salt), Frame)
-        for end in _ends_put_right(data, first)
+        for end in _ends_put_right(data, at)
     )
 
 
-def _ends_put_right(data: bytes, first: int) -> list[int]:
-    """Where the first frame may end, its length field put right: as it reads, with any
-    one of its 32 bits flipped, and, if it is a PAD frame, at each sector boundary its
+def _ends_put_right(data: bytes, at: int) -> list[int]:
+    """Where the frame at ``at`` may end, its length field put right: as it reads, with
+    any one of its 32 bits flipped, and, if it is a PAD frame, at each sector boundary its
     zeros reach within ``PAD_SIZE_MAX`` (a burst over its length). Only ends in the file."""
-    low = first + fmt.FRAME_HEADER_SIZE
+    low = at + fmt.FRAME_HEADER_SIZE
     if low > len(data):
         return []  # not even a frame header
-    length = fmt.FRAME_HEADER.unpack_from(data, first)[1]
+    length = fmt.FRAME_HEADER.unpack_from(data, at)[1]
     lengths = [length, *(length ^ 1 << bit for bit in range(32))]
-    if data[first + 8] == fmt.T_PAD:
-        span = data[low : first + PAD_SIZE_MAX]
+    if data[low - 1] == fmt.T_PAD:  # its type byte
+        span = data[low : at + PAD_SIZE_MAX]
         zeros_to = low + len(span) - len(span.lstrip(b"\0"))
         lengths += [
-            end - low for end in range(-(-low // fmt.SECTOR) * fmt.SECTOR, zeros_to + 1, fmt.SECTOR)
+            end - low for end in range(_boundary_at_or_after(low), zeros_to + 1, fmt.SECTOR)
         ]
     ends: list[int] = []
     for n in lengths:
@@ -662,10 +667,10 @@ def _ends_put_right(data: bytes, first: int) -> list[int]:
     return ends
 
 
-def _first_frame_checks_to(data: bytes, first: int, end: int, salt: int) -> bool:
-    """Whether the first frame, ending at ``end``, checks with ``salt``: with its length
-    field set to that and the rest as it reads, or, where its length field says it ends,
-    with one flipped bit put right (``one_bit_fixed``)."""
+def _checks_ending_at(data: bytes, first: int, end: int, salt: int) -> bool:
+    """Whether the frame at ``first``, ending at ``end``, checks with ``salt``: with its
+    length field set to that and the rest as it reads, or, where its length field says
+    it ends, with one flipped bit put right (``one_bit_fixed``)."""
     crc, length, ftype = fmt.FRAME_HEADER.unpack_from(data, first)
     size = end - first - fmt.FRAME_HEADER_SIZE
     length_and_type = fmt.FRAME_HEADER.pack(0, size, ftype)[4:]
@@ -686,8 +691,8 @@ def _salt_of_frame_at(data: bytes, at: int) -> int | None:
     return _solve(functools.partial(crc32c, data[at + 4 : end]), crc)
 
 
-def _third_checks(data: bytes, second: int, salt: int) -> bool:
-    """Whether the frame after the one at ``second`` checks with ``salt``."""
+def _two_frames_check(data: bytes, second: int, salt: int) -> bool:
+    """Whether the frame at ``second`` and the one after it both check with ``salt``."""
     frame = parse_frame(data, second, salt)
     if not isinstance(frame, Frame):
         return False
@@ -726,7 +731,7 @@ def _padding_alone_in_shape(data: bytes, first: int) -> int | None:
         return None  # more non-zero bytes than flipped bits allowed: not padding
     last = first + fmt.FRAME_HEADER_SIZE + len(tail.rstrip(b"\0"))  # zeros from here
     low = max(last, first + fmt.FRAME_HEADER_SIZE)
-    for end in range(-(-low // fmt.SECTOR) * fmt.SECTOR, len(data) + 1, fmt.SECTOR):
+    for end in range(_boundary_at_or_after(low), len(data) + 1, fmt.SECTOR):
         if _padding_in_shape(data, first, end):
             return end
     return None
@@ -737,11 +742,11 @@ def _padding_shaped_end(data: bytes, first: int) -> int | None:
     least a frame header on: ``framing.padding_for``) if ``data`` from ``first`` is
     padding: its payload zeros to there but for at most ``PAD_BITS_MAX`` bits or one
     burst (``BURST`` bytes), whatever its CRC, length and type read (one burst may hit
-    them all). No record is that near
-    (its payload holds a 16-digit id, dozens of set bits where this has zeros), and the
-    header before it was written in the same sector. None if it is not that."""
+    them all). No record is that near (its payload holds a 16-digit id, dozens of set
+    bits where this has zeros), and the header before it was written in the same sector.
+    None if it is not that."""
     low = first + fmt.FRAME_HEADER_SIZE
-    end = -(-low // fmt.SECTOR) * fmt.SECTOR
+    end = _boundary_at_or_after(low)
     if end > len(data):
         return None
     payload = data[low:end]
