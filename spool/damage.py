@@ -352,8 +352,8 @@ def recover_salt(data: bytes, number: int | None = None) -> int | None:
        row at a sector boundary check with it. Last: a burst can leave a header so with a
        wrong salt, and every frame rule above outvotes it.
     6. No frame checks: a segment that is its padding alone (but for a burst that spared
-       its salted CRC, or in all but its CRC and a few bits) keeps the salt its header or
-       padding gives; it holds nothing any salt could make a record of.
+       its salted CRC, or in all but its CRC and a few bits or one burst) keeps the salt
+       its header or padding gives; it holds nothing any salt could make a record of.
 
     No frame found elsewhere confirms a salt: message data may hold frames made with any
     salt its author chose, at any place, sector boundaries included.
@@ -757,15 +757,20 @@ def _padding_shaped_end(data: bytes, first: int) -> int | None:
 
 
 def _padding_in_shape(data: bytes, first: int, end: int) -> bool:
-    """Whether ``data[first:end]`` is a PAD frame in all but its CRC and at most
+    """Whether ``data[first:end]`` is a PAD frame in all but its CRC and either at most
     ``PAD_BITS_MAX`` flipped bits, at most ``PAD_HEADER_BITS_MAX`` of them in its length
-    and type, the rest in its zero payload. No record is that near (its payload holds a
-    16-digit id, dozens of set bits where this has zeros), nor bytes a lost write zeroed
-    (8 bits from the length and type)."""
+    and type, the rest in its zero payload, or one burst (any bits in at most ``BURST``
+    bytes, its length and type included). No record is that near (its payload holds a
+    16-digit id, dozens of set bits where this has zeros), nor bytes a lost write zeroed:
+    they are 8 bits from the length and type, and differ from them in bytes five apart
+    (the length's two low bytes, never 0 for a PAD that ends at a sector boundary past
+    the header's sector, and the type)."""
     length = end - first - fmt.FRAME_HEADER_SIZE
     if not 0 <= length <= fmt.FRAME_PAYLOAD_MAX:
         return False
     ideal = fmt.FRAME_HEADER.pack(0, length, fmt.T_PAD)[4:]
+    if _zeros_after_but_for_a_burst(data[first + 4 : end], ideal):
+        return True
     header_bits = _bits_apart(data[first + 4 : first + fmt.FRAME_HEADER_SIZE], ideal)
     if header_bits > PAD_HEADER_BITS_MAX:  # zeros are 8 bits off: a lost write
         return False
@@ -1046,12 +1051,18 @@ def _padding_but_for_a_burst(raw: bytes, salt: int) -> bool:
     if not 0 <= size <= fmt.FRAME_PAYLOAD_MAX:
         return False
     header = encode_frame(fmt.T_PAD, bytes(size), salt)[: fmt.FRAME_HEADER_SIZE]
-    differ = [i for i in range(fmt.FRAME_HEADER_SIZE) if raw[i] != header[i]]
-    payload = raw[fmt.FRAME_HEADER_SIZE :]
+    return _zeros_after_but_for_a_burst(raw, header)
+
+
+def _zeros_after_but_for_a_burst(raw: bytes, head: bytes) -> bool:
+    """Whether ``raw`` is ``head`` and then zeros but for one run of at most ``BURST``
+    bytes (any bits in them)."""
+    differ = [i for i in range(len(head)) if raw[i] != head[i]]
+    payload = raw[len(head) :]
     after_zeros = payload.lstrip(b"\0")
     if after_zeros:
-        differ.append(fmt.FRAME_HEADER_SIZE + size - len(after_zeros))
-        differ.append(fmt.FRAME_HEADER_SIZE + len(payload.rstrip(b"\0")) - 1)
+        differ.append(len(raw) - len(after_zeros))
+        differ.append(len(head) + len(payload.rstrip(b"\0")) - 1)
     return not differ or differ[-1] - differ[0] < BURST
 
 

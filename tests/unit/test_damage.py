@@ -752,6 +752,38 @@ def test_a_segment_of_padding_alone_in_all_but_its_crcs_holds_nothing_whatever_t
     repaired_keeping(root, msgs)
 
 
+@pytest.mark.parametrize(
+    ("header", "pad_at", "pad"),
+    [
+        # From the crash-state run (seed 4109): bytes 26 to 29 and 473 to 476 hit.
+        (b"\x9c\x51\x0e\xe3", 473, b"\xff" * 4),
+        (b"\x9c\x51\x0e\xe3", 473, b"\xe7\x7f\xd3\xbe"),
+        (b"\xff" * 4, 200, b"\xff" * 4),
+        (b"\x00" * 4, 36, b"\xff" * 4),  # a burst over the PAD's length
+        (b"\x12\x34\x56\x78", 37, b"\x00\x00\x00\x77"),  # its length and its type
+    ],
+    ids=["ones", "random", "ones-mid", "pad-length", "pad-length-and-type"],
+)
+def test_padding_alone_keeps_its_salt_when_both_header_fields_and_a_burst_over_it_are_hit(
+    tmp_path: Path, header: bytes, pad_at: int, pad: bytes
+) -> None:
+    # Found by the crash-state run on d66be26 (seed 4109): a burst over the salt and CRC
+    # fields and one over the padding of a segment an open's checkpoint had just begun.
+    # The padding-alone rule allowed 16 flipped bits; a burst of ones is 32. No salt was
+    # found and the body file of the accept the crash cut was named. One burst over a PAD's
+    # length, type or zeros leaves it padding: bytes a lost write zeroed differ from its
+    # length and type in bytes five apart (the test below).
+    root = tmp_path / "spool"
+    seg, msgs = padding_alone_segment(root)
+    (root / fmt.INCOMING_DIR / "6B49D20078214B33").write_bytes(b"x" * 100)  # a cut accept's
+    data = bytearray(seg.read_bytes())
+    data[26:30] = header
+    data[pad_at : pad_at + len(pad)] = pad
+    seg.write_bytes(bytes(data))
+    assert recover_salt(bytes(data), 2) is not None
+    repaired_keeping(root, msgs)
+
+
 @pytest.mark.parametrize("salt_hit", [False, True])
 def test_a_zeroed_batch_after_the_header_is_damage_not_padding(
     tmp_path: Path, salt_hit: bool
