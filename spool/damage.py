@@ -872,6 +872,7 @@ def _classify(
         or _was_padding(raw)
         or _near_padding(raw, salt)
         or _padding_but_for_a_burst(raw, salt)
+        or _padding_but_for_two_bursts(raw, salt)
         or (end - start < RECORD_FRAME_MIN and not _cut_record(data, start, end))
     ):
         return Region(number, start, end, RegionKind.PADDING, f"padding damaged ({reason})")
@@ -1052,6 +1053,40 @@ def _padding_but_for_a_burst(raw: bytes, salt: int) -> bool:
         return False
     header = encode_frame(fmt.T_PAD, bytes(size), salt)[: fmt.FRAME_HEADER_SIZE]
     return _zeros_after_but_for_a_burst(raw, header)
+
+
+def _padding_but_for_two_bursts(raw: bytes, salt: int) -> bool:
+    """Bad bytes that are the PAD frame spanning them exactly but for two runs of at most
+    ``BURST`` bytes each (any bits in them): two places of damage in one PAD frame (a
+    burst over its CRC and a bit of its type, a burst over its zeros and a bit of its
+    length, two bursts over its length and type).
+
+    Outside the runs its payload is zeros, which no record has and no BODY frame (its
+    payload begins with the id). What else differs from a PAD in its header alone: a
+    record whose payload alone was zeroed (a lost write), which keeps its length and reads
+    a record's type, so a type byte reading a record's type is not taken for padding; and
+    bytes all zeroed, or zeroed from the type on, which read type 0, so a type byte reading
+    0 counts only with the PAD's own CRC (salted: nothing else has it) intact.
+    """
+    size = len(raw) - fmt.FRAME_HEADER_SIZE
+    if not 0 <= size <= fmt.FRAME_PAYLOAD_MAX:
+        return False
+    ftype = raw[fmt.FRAME_HEADER_SIZE - 1]
+    header = encode_frame(fmt.T_PAD, bytes(size), salt)[: fmt.FRAME_HEADER_SIZE]
+    if ftype in fmt.FRAME_TYPES - {fmt.T_PAD} or (ftype == 0 and raw[:4] != header[:4]):
+        return False
+    payload = raw[fmt.FRAME_HEADER_SIZE :]
+    if size - payload.count(0) > 2 * BURST:
+        return False  # more bytes than two bursts change
+    differ = [i for i in range(fmt.FRAME_HEADER_SIZE) if raw[i] != header[i]]
+    differ += [fmt.FRAME_HEADER_SIZE + m.start() for m in re.finditer(rb"[^\0]", payload)]
+    runs = 0
+    reach = -1
+    for at in differ:  # in order: a run starts at the first byte the one before left out
+        if at > reach:
+            runs += 1
+            reach = at + BURST - 1
+    return runs <= 2
 
 
 def _zeros_after_but_for_a_burst(raw: bytes, head: bytes) -> bool:

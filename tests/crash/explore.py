@@ -526,7 +526,9 @@ def _pad_header_burst(
     byte: over a widened PAD (its header crossing into a sector of nothing else) that
     leaves a whole sector of zeros with valid frames after it, which recovery once cut
     as a torn tail. The rest flip a bit in each byte anywhere in the header (CRC and
-    length hit together), which a repair once read as records, holding live mail."""
+    length hit together), which a repair once read as records, holding live mail; half
+    of those with a second place in the same PAD frame, a bit or a burst of four bytes
+    anywhere in it (two places in one PAD once held every message before it)."""
     pads = []
     for path, data in sorted(files.items()):
         if not path.startswith(os.path.join("spool", fmt.LOG_DIR, "")):
@@ -535,16 +537,20 @@ def _pad_header_burst(
         before = len(data) if seg < end.segment else end.offset if seg == end.segment else 0
         limit = min(len(data), max(before, synced.get(path, 0)))
         pads += [
-            (path, pos)
-            for pos, ftype, _ in _frames(data, limit)
+            (path, pos, min(pos + size, limit))
+            for pos, ftype, size in _frames(data, limit)
             if ftype == fmt.T_PAD and pos + fmt.FRAME_HEADER_SIZE <= limit
         ]
     if not pads:
         return None
-    path, pos = aim.choice(pads)
+    path, pos, pad_end = aim.choice(pads)
     zeroed = aim.random() < 0.5
     first = pos + fmt.FRAME_HEADER_SIZE - 4 if zeroed else pos + aim.randrange(6)
-    return path, list(range(first, first + 4)), zeroed
+    offsets = list(range(first, first + 4))
+    if not zeroed and aim.random() < 0.5:
+        at = aim.randrange(pos, pad_end)
+        offsets += range(at, min(at + aim.choice((1, 4)), pad_end))
+    return path, sorted(set(offsets)), zeroed
 
 
 # Bytes no id holds, for ``_id_made_no_id``: a NUL, a path separator, a lower-case letter.

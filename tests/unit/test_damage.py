@@ -29,6 +29,7 @@ from spool.damage import (
     RECORD_FRAME_MIN,
     _guessable,
     _padding_but_for_a_burst,
+    _padding_but_for_two_bursts,
     _sized_marker,
     _solve,
     recover_salt,
@@ -378,6 +379,74 @@ def test_a_burst_over_a_pad_frames_header_is_padding_not_lost_records(
         data[at] ^= 0xA5
     path.write_bytes(bytes(data))
     repaired_keeping(root, msgs)
+
+
+# Two places in one PAD frame, at offsets from its start: bytes set ("set") or bits flipped.
+PAD_TWO_PLACES = {
+    "crc-and-type-bit": [("set", 0, b"\x08\x08\x08\x08"), ("xor", 8, b"\x80")],
+    "zeros-and-length-bit": [("set", 100, b"\xff" * 4), ("xor", 4, b"\x08")],
+    "crc-length-then-type": [("set", 2, b"\0" * 4), ("set", 8, b"\x61" * 4)],
+    "crc-length-then-length-type": [("set", 3, b"\x0c\xe4\xf2\x27"), ("set", 5, b"\xff" * 4)],
+    "length-bit-then-type": [("xor", 7, b"\x02"), ("set", 8, b"\xff" * 4)],
+    "overlapping": [("set", 5, b"\xff" * 4), ("set", 6, b"\xd6\x45\xb7\x2b")],
+    "crc-bit-then-length-type": [("xor", 0, b"\x40"), ("set", 5, b"\x72" * 4)],
+    "zeros-over-length-and-type": [("set", 5, b"\0" * 4), ("set", 200, b"\x01")],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAD_TWO_PLACES))
+def test_two_places_in_one_pad_frame_keep_the_mail(tmp_path: Path, name: str) -> None:
+    # Found by the review of e1ee9e4: two places of damage inside the PAD frame that closes
+    # a batch (a burst over its CRC and a bit of its type; a burst over its zeros and a bit
+    # of its length; bursts over its length and type). No padding rule took two places:
+    # the frame read as records of unknown kind, and every message live before it was held
+    # ("records possibly lost"), for damage to padding alone.
+    root = tmp_path / "spool"
+    msgs, seg, data = four_after_the_opens_padding(root)
+    salt = segment_salt(bytes(data))
+    pads, pos = [], fmt.SEGMENT_HEADER_SIZE
+    while pos < len(data):
+        frame = parse_frame(bytes(data), pos, salt)
+        assert isinstance(frame, Frame)
+        pads += [pos] if frame.type == fmt.T_PAD else []
+        pos += frame.size
+    pad = pads[-1]  # the padding that closes the last batch
+    for how, at, value in PAD_TWO_PLACES[name]:
+        for i, byte in enumerate(value):
+            data[pad + at + i] = byte if how == "set" else data[pad + at + i] ^ byte
+    seg.write_bytes(bytes(data))
+    repaired_keeping(root, msgs)
+
+
+def test_a_record_or_zeros_never_pass_for_padding_hit_in_two_places() -> None:
+    salt = 0x1234ABCD
+    pad = pad_frame(480, salt)
+    two = bytearray(pad)
+    two[0:4] = b"\x08\x08\x08\x08"
+    two[300] = 0x10
+    assert _padding_but_for_two_bursts(bytes(two), salt)
+    three = bytearray(two)
+    three[100] = 1  # a third place
+    assert not _padding_but_for_two_bursts(bytes(three), salt)
+    assert not _padding_but_for_two_bursts(bytes(480), salt)  # zeroed by a lost write
+    # A record whose payload alone was zeroed keeps its length and a record's type: its
+    # CRC and its payload are all that differ from a PAD's, but it held a record.
+    ftype, payload = rec.encode(rec.Start("0123456789ABCDEF", Position(1, 32), 0, 1.0))
+    record = bytearray(encode_frame(ftype, payload, salt))
+    record[fmt.FRAME_HEADER_SIZE :] = bytes(len(payload))
+    assert not _padding_but_for_two_bursts(bytes(record), salt)
+    # Zeroed from its type on (the header's first bytes in the sector before): type 0,
+    # and its CRC is the record's, not the PAD's.
+    record[fmt.FRAME_HEADER_SIZE - 1] = 0
+    assert not _padding_but_for_two_bursts(bytes(record), salt)
+    # A PAD's type zeroed with its CRC intact (a burst of zeros over its length and type)
+    # is padding: nothing but that PAD has its salted CRC.
+    zeroed_type = bytearray(pad)
+    zeroed_type[5:9] = bytes(4)
+    zeroed_type[200] = 0x01
+    assert _padding_but_for_two_bursts(bytes(zeroed_type), salt)
+    zeroed_type[0] ^= 0x01  # and a bit of its CRC: three places, or zeros
+    assert not _padding_but_for_two_bursts(bytes(zeroed_type), salt)
 
 
 def test_only_bytes_that_are_padding_but_for_one_burst_pass_for_it() -> None:
