@@ -80,13 +80,17 @@ from spool.bodies import (
 )
 from spool.damage import (
     RECORD_FRAME_MIN,
+    UNKNOWN_CHAR,
     Affected,
     Assessment,
     Region,
     RegionKind,
     SegmentScan,
     Verdict,
+    id_disagreement,
+    id_merged,
     id_near,
+    partial_ids,
     replacement,
     same_id,
     scan_segment,
@@ -592,21 +596,82 @@ def _messages_lost_whole(
     by no intact record anywhere. Nothing of them can be restored; they are named, so that
     no acknowledged message vanishes without a word (the bytes are in the copy in
     ``corrupt/``). A message accepted and settled within that damage is named too: a
-    false alarm an operator can dismiss from the copy, never a silent loss."""
+    false alarm an operator can dismiss from the copy, never a silent loss.
+
+    Every copy of an id may be hit (its envelope's and its BODY frame's): two partial
+    copies that agree make the id whole; a partial copy that fits no id the log or the
+    damage holds is named as it reads, its unknown characters shown as ``?``."""
     known = {a.msg_id for a in affected}
     plausible = _plausible_id(seen)
     found = []
+    detail = (
+        "every record of it was in the damage: sender, recipients and body are only "
+        "in the copy in corrupt/"
+    )
     for region in regions:
-        for msg_id in sorted(whole_ids(region_bytes(region)) - seen - known):
+        raw = region_bytes(region)
+        whole = whole_ids(raw)
+        named_before = set(known)  # by their body files, or in a region before
+        for msg_id in sorted(whole - seen - known):
             if not plausible(msg_id):
                 continue
-            detail = (
-                "every record of it was in the damage: sender, recipients and body are only "
-                "in the copy in corrupt/"
-            )
             found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
             known.add(msg_id)
+        if region.kind not in (RegionKind.RECORDS, RegionKind.BODY_AND_RECORDS):
+            continue  # one message's body, or padding: no other message's records
+        partial = sorted(partial_ids(raw))
+        if not partial and len(whole - seen) < 2:
+            continue
+        # Copies that may each be hit: partial ones, and ids read once (not a neighbour's,
+        # whose records are intact elsewhere). So many come only from message data: then
+        # each partial one is named as it reads, no pair tried (their number squared).
+        copies = [
+            m for m in whole - seen - named_before if raw.count(m.encode("ascii")) == 1
+        ] + partial
+        few = len(copies) <= ID_COPIES_PAIRED
+        merged = {m for a in partial for b in partial if few and (m := id_merged(a, b))}
+        for msg_id in sorted(merged - seen - known):
+            if plausible(msg_id):
+                found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
+                known.add(msg_id)
+        fits = _fits_any(seen | known | whole | merged)
+        unsure = {text for text in partial if not fits(text)}
+        # Two copies that disagree as two places of damage make copies of one id disagree
+        # (both read whole, each hit into another id; or in part): the id they leave known.
+        pairs = {
+            text
+            for a in copies
+            for b in copies
+            if few and a < b and (text := id_disagreement(a, b)) is not None
+        }
+        for text in sorted(unsure | pairs):
+            if text not in known and plausible(text):
+                why = f"{detail}; its id is damaged too and reads as {text}"
+                found.append(Affected(text, Verdict.ENVELOPE_LOST, region, False, False, why))
+                known.add(text)
     return found
+
+
+# How many copies of ids in one damaged region are paired to find an id two hit copies
+# share (message data can hold any number of id-like texts).
+ID_COPIES_PAIRED = 64
+
+
+def _fits_any(ids: set[str]) -> Callable[[str], bool]:
+    """Whether a partial id fits one of ``ids``: by the ids masked where it is unknown, one
+    set per mask (a queue may hold millions of ids; a damaged region, a few partial ones)."""
+    masked: dict[tuple[int, ...], set[str]] = {}
+
+    def mask(msg_id: str, unknown: tuple[int, ...]) -> str:
+        return "".join(UNKNOWN_CHAR if i in unknown else c for i, c in enumerate(msg_id))
+
+    def fits(partial: str) -> bool:
+        unknown = tuple(i for i, c in enumerate(partial) if c == UNKNOWN_CHAR)
+        if unknown not in masked:
+            masked[unknown] = {mask(m, unknown) for m in ids if len(m) == len(partial)}
+        return partial in masked[unknown]
+
+    return fits
 
 
 def _body_size(fs: FileSystem, root: str) -> Callable[[str], int | None]:
@@ -631,11 +696,20 @@ ID_SECONDS_SLACK = 7 * 86400
 
 
 def _plausible_id(seen: set[str]) -> Callable[[str], bool]:
+    """Whether an id's accept second (its first eight digits; for a partial id, any it may
+    be) lies within a week of the ids the log names intact."""
     seconds = [int(m[:8], 16) for m in seen if fmt.is_message_id(m)]
     if not seconds:
         return lambda _: True
     lo, hi = min(seconds) - ID_SECONDS_SLACK, max(seconds) + ID_SECONDS_SLACK
-    return lambda msg_id: lo <= int(msg_id[:8], 16) <= hi
+
+    def plausible(msg_id: str) -> bool:
+        first = msg_id[:8]
+        least = int(first.replace(UNKNOWN_CHAR, "0"), 16)
+        most = int(first.replace(UNKNOWN_CHAR, "F"), 16)
+        return least <= hi and most >= lo
+
+    return plausible
 
 
 def _region_bytes(fs: FileSystem, log_dir: str) -> Callable[[Region], bytes]:

@@ -912,6 +912,72 @@ def whole_ids(raw: bytes) -> set[str]:
     return {m.group(1).decode("ascii") for m in _WHOLE_ID.finditer(raw)}
 
 
+# What a damaged id shows for each character the damage left no hex digit.
+UNKNOWN_CHAR = "?"
+_HEX_DIGITS = b"0123456789ABCDEF"
+_ID_ANCHOR = re.compile(rb"[\x70\x%02x](?=[\x00-\xff]{16})" % fmt.T_BODY, re.DOTALL)
+
+
+def partial_ids(raw: bytes) -> set[str]:
+    """The message ids that damaged bytes hold in part: the 16 bytes after a byte a record
+    or a BODY frame puts before an id, all upper-case hex digits but for at most two of
+    them or one run of at most ``BURST`` (each shown as ``UNKNOWN_CHAR``). Whole ids are
+    ``whole_ids``'. A message whose every copy of its id was hit (its envelope's and its
+    BODY frame's) is known by these alone."""
+    found = set()
+    for m in _ID_ANCHOR.finditer(raw):
+        window = raw[m.end() : m.end() + ID_LENGTH]
+        if len(window.translate(None, _HEX_DIGITS)) > BURST:
+            continue  # quick: more bytes than a burst are no hex digits
+        bad = [i for i, byte in enumerate(window) if byte not in _HEX_DIGITS]
+        if bad and (len(bad) <= 2 or bad[-1] - bad[0] < BURST):
+            text = window.decode("latin-1")
+            found.add("".join(UNKNOWN_CHAR if i in bad else c for i, c in enumerate(text)))
+    return found
+
+
+def id_fits(partial: str, msg_id: str) -> bool:
+    """Whether ``msg_id`` reads as ``partial`` where ``partial`` is not unknown."""
+    return len(partial) == len(msg_id) and all(
+        a in (b, UNKNOWN_CHAR) for a, b in zip(partial, msg_id, strict=True)
+    )
+
+
+def id_merged(a: str, b: str) -> str | None:
+    """The id two partial copies make together, if they agree wherever both are known
+    and leave no character unknown; else None."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if UNKNOWN_CHAR not in (x, y) and x != y:
+            return None
+        out.append(y if x == UNKNOWN_CHAR else x)
+    merged = "".join(out)
+    return None if UNKNOWN_CHAR in merged else merged
+
+
+def id_disagreement(a: str, b: str) -> str | None:
+    """The id two copies of one id, each hit in one place, leave known: ``UNKNOWN_CHAR``
+    wherever either is unknown or they differ. None unless they differ, in at most two
+    runs of at most ``BURST`` characters, and agree on at least half the id."""
+    differ = [
+        i
+        for i, (x, y) in enumerate(zip(a, b, strict=True))
+        if UNKNOWN_CHAR not in (x, y) and x != y
+    ]
+    agree = sum(x == y != UNKNOWN_CHAR for x, y in zip(a, b, strict=True))
+    runs, reach = 0, -1
+    for at in differ:
+        if at > reach:
+            runs += 1
+            reach = at + BURST - 1
+    if not differ or runs > 2 or agree < ID_LENGTH // 2:
+        return None
+    return "".join(
+        UNKNOWN_CHAR if i in differ or UNKNOWN_CHAR in (x, y) else x
+        for i, (x, y) in enumerate(zip(a, b, strict=True))
+    )
+
+
 def id_near(raw: bytes, msg_id: str, others: Container[str] = ()) -> bool:
     """Whether damaged bytes ``raw`` hold ``msg_id``, or its text with at most two
     characters wrong (``same_id``) that is not one of ``others`` (the ids the bytes hold

@@ -35,6 +35,7 @@ from spool import format as fmt
 from spool import records as rec
 from spool.bodies import read_body
 from spool.check import check_spool, repair_spool
+from spool.damage import UNKNOWN_CHAR, id_fits
 from spool.framing import Frame, parse_frame
 from spool.fs import FileSystem
 from spool.options import load_settings
@@ -324,11 +325,15 @@ def judge_repaired(
             )
     assert obs.observed is not None
     seen = obs.observed
-    exempt = obs.named | {owner for kind, owner in damaged if kind == "control"}
+    # A message whose every copy of its id was hit is named as its id reads ("?" where a
+    # character is unknown): it names each message of the workload's that it fits.
+    partial = [m for m in obs.named if UNKNOWN_CHAR in m]
+    named = obs.named | {m for m in ledger.issued(prefix) if any(id_fits(p, m) for p in partial)}
+    exempt = named | {owner for kind, owner in damaged if kind == "control"}
     bad += judge(seen, ledger, prefix, exempt=frozenset(exempt), repaired=True)
     acked = ledger.settled_acked(prefix)
     for msg, rcpts in seen.handed_out or []:
-        if msg in obs.named and any((msg, r) in acked for r in rcpts):
+        if msg in named and any((msg, r) in acked for r in rcpts):
             bad.append(f"{msg} (named by the repair) handed out with a settled recipient")
     return bad
 

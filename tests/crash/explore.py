@@ -422,7 +422,9 @@ def flip_durable_byte(
 
     With ``aim``, one copy in four has its bits in a message id instead (the CBOR length
     byte before it, or its characters): the bytes by which a repair names what the damage
-    cost, which a flip at random hits once in hundreds of copies; one in sixteen an id left
+    cost, which a flip at random hits once in hundreds of copies; half of those, where the
+    id has a second copy after it (its BODY frame's), a burst over the first and a byte of
+    the second; one in sixteen an id left
     legible as no id at all (``_id_made_no_id``); one in sixteen two bits of a record's CRC
     (``_record_frames``); one in sixteen a burst of four damaged bytes in a row; and one in
     sixteen a START made unreadable with a frame after it hit too (``_start_and_after``):
@@ -467,6 +469,13 @@ def flip_durable_byte(
         if ids:
             start = aim.choice(ids)  # the length byte; the id's 16 characters follow it
             offsets = sorted({start + aim.randrange(2), start + aim.randrange(1, 17)})
+            text = files[path][start + 1 : start + 17]
+            twin = files[path].find(text, start + 17, limit)  # its BODY frame's copy
+            if twin != -1 and aim.random() < 0.5:
+                # Every copy of the id hit: a burst over the record's, a byte of the
+                # other's (a message once vanished unnamed, no copy of its id left whole).
+                burst = start + 1 + aim.randrange(13)
+                offsets = [*range(burst, burst + 4), twin + aim.randrange(16)]
             bits = [aim.randrange(8) for _ in offsets]
     elif aim is not None and aimed < 0.3125:
         # An id the damage left legible as no id at all (a NUL, a "/", a lower-case
