@@ -59,6 +59,7 @@ import itertools
 import os
 import stat
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import attrs
@@ -87,14 +88,16 @@ from spool.damage import (
     RegionKind,
     SegmentScan,
     Verdict,
-    id_disagreement,
+    id_agreement,
     id_merged,
     id_near,
-    partial_ids,
+    loose_ids,
+    partial_id_reads,
     replacement,
     same_id,
     scan_segment,
     whole_ids,
+    whole_ids_read,
 )
 from spool.directory import archive_file, check_layout
 from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
@@ -610,7 +613,8 @@ def _messages_lost_whole(
     )
     for region in regions:
         raw = region_bytes(region)
-        whole = whole_ids(raw)
+        read = Counter(whole_ids_read(raw))  # each id as many times as the bytes hold it
+        whole = set(read)
         named_before = set(known)  # by their body files, or in a region before
         for msg_id in sorted(whole - seen - known):
             if not plausible(msg_id):
@@ -619,31 +623,40 @@ def _messages_lost_whole(
             known.add(msg_id)
         if region.kind not in (RegionKind.RECORDS, RegionKind.BODY_AND_RECORDS):
             continue  # one message's body, or padding: no other message's records
-        partial = sorted(partial_ids(raw))
-        if not partial and len(whole - seen) < 2:
-            continue
-        # Copies that may each be hit: partial ones, and ids read once (not a neighbour's,
-        # whose records are intact elsewhere). So many come only from message data: then
-        # each partial one is named as it reads, no pair tried (their number squared).
-        copies = [
-            m for m in whole - seen - named_before if raw.count(m.encode("ascii")) == 1
-        ] + partial
+        reads = partial_id_reads(raw) + loose_ids(raw)
+        partial = sorted({text for _at, text in reads})
+        # Copies that may each be hit: partial ones, and ids read once (a byte of one may
+        # have made it another's, a neighbour's included), each with where it was read.
+        # So many come only from message data: then no pair is tried (their number
+        # squared).
+        copies = [(-1 - i, m) for i, m in enumerate(sorted(whole))]
+        copies = [(at, m) for at, m in copies if read[m] == 1] + reads
         few = len(copies) <= ID_COPIES_PAIRED
-        merged = {m for a in partial for b in partial if few and (m := id_merged(a, b))}
+        merged = {m for a in partial for b in partial if (m := id_merged(a, b))} if few else set()
         for msg_id in sorted(merged - seen - known):
             if plausible(msg_id):
                 found.append(Affected(msg_id, Verdict.ENVELOPE_LOST, region, False, False, detail))
                 known.add(msg_id)
-        fits = _fits_any(seen | known | whole | merged)
+        # A partial copy that fits an id the log names intact is taken for a damaged
+        # record of that message; one that fits only what this damage reads may be the
+        # copy that kept the id right where the other lost it: named as it reads.
+        fits = _fits_any(seen | named_before)
         unsure = {text for text in partial if not fits(text)}
-        # Two copies that disagree as two places of damage make copies of one id disagree
-        # (both read whole, each hit into another id; or in part): the id they leave known.
-        pairs = {
-            text
-            for a in copies
-            for b in copies
-            if few and a < b and (text := id_disagreement(a, b)) is not None
-        }
+        # Two copies of one id read in two places, each hit (read whole but changed into
+        # another id, or in part; both alike where the distinguishing characters were
+        # lost, even if they fit a neighbour's id): what they leave known, whatever a merge
+        # made of them (a byte of a burst may have become another hex digit, in either).
+        pairs = (
+            {
+                text
+                for i, (at, a) in enumerate(copies)
+                for where, b in copies[i + 1 :]
+                if at != where
+                for text in id_agreement(a, b)
+            }
+            if few
+            else set()
+        )
         for text in sorted(unsure | pairs):
             if text not in known and plausible(text):
                 why = f"{detail}; its id is damaged too and reads as {text}"

@@ -834,15 +834,12 @@ def _announced_body(frame: Frame, pos: int) -> tuple[str, int] | None:
 
 
 def _resync(data: bytes, pos: int, salt: int, vouched_end: int | None) -> int:
-    """The first offset after bad bytes at ``pos`` where a valid frame starts (or the end)."""
-    low = pos + fmt.FRAME_HEADER_SIZE
+    """The first offset after bad bytes at ``pos`` where a valid frame starts (or the end);
+    for a damaged BODY frame, where its envelope says it ends: what follows it is judged
+    on its own (padding hit there too is padding, not records lost with the body)."""
     if vouched_end is not None:
-        if vouched_end >= len(data):
-            return len(data)
-        if isinstance(parse_frame(data, vouched_end, salt), Frame):
-            return vouched_end
-        low = vouched_end
-    return first_valid_frame(data, low, len(data), salt)
+        return min(vouched_end, len(data))
+    return first_valid_frame(data, pos + fmt.FRAME_HEADER_SIZE, len(data), salt)
 
 
 def _classify(
@@ -854,16 +851,11 @@ def _classify(
     vouched: tuple[str, int] | None,
     reason: str,
 ) -> Region:
-    if vouched is not None:
+    if vouched is not None:  # it ends where its envelope says, or where the file does
         msg_id, body_end = vouched
-        size = min(body_end, end) - start
-        if end == len(data) < body_end:
-            size = body_end - start  # a file cut inside the body: all of it is lost
-        if end <= body_end:
-            why = f"body of {msg_id} damaged ({reason})"
-            return Region(number, start, end, RegionKind.BODY, why, msg_id, size)
-        why = f"body of {msg_id} and the records after it damaged ({reason})"
-        return Region(number, start, end, RegionKind.BODY_AND_RECORDS, why, msg_id, size)
+        size = body_end - start  # a file cut inside the body: all of it is lost
+        why = f"body of {msg_id} damaged ({reason})"
+        return Region(number, start, end, RegionKind.BODY, why, msg_id, size)
     raw = data[start:end]
     corrected = one_bit_fixed(raw, salt)
     padding = corrected is not None and corrected[8] == fmt.T_PAD
@@ -909,7 +901,12 @@ _WHOLE_ID = re.compile(rb"[\x70\x%02x]([0-9A-F]{16})" % fmt.T_BODY)
 def whole_ids(raw: bytes) -> set[str]:
     """The message ids that damaged bytes still hold whole (with the byte before them that
     a record or a BODY frame puts there)."""
-    return {m.group(1).decode("ascii") for m in _WHOLE_ID.finditer(raw)}
+    return set(whole_ids_read(raw))
+
+
+def whole_ids_read(raw: bytes) -> list[str]:
+    """``whole_ids``, each as many times as the bytes hold it."""
+    return [m.group(1).decode("ascii") for m in _WHOLE_ID.finditer(raw)]
 
 
 # What a damaged id shows for each character the damage left no hex digit.
@@ -919,20 +916,60 @@ _ID_ANCHOR = re.compile(rb"[\x70\x%02x](?=[\x00-\xff]{16})" % fmt.T_BODY, re.DOT
 
 
 def partial_ids(raw: bytes) -> set[str]:
-    """The message ids that damaged bytes hold in part: the 16 bytes after a byte a record
-    or a BODY frame puts before an id, all upper-case hex digits but for at most two of
-    them or one run of at most ``BURST`` (each shown as ``UNKNOWN_CHAR``). Whole ids are
-    ``whole_ids``'. A message whose every copy of its id was hit (its envelope's and its
-    BODY frame's) is known by these alone."""
-    found = set()
+    """The message ids that damaged bytes hold in part (``partial_id_reads``)."""
+    return {text for _at, text in partial_id_reads(raw)}
+
+
+def partial_id_reads(raw: bytes) -> list[tuple[int, str]]:
+    """(where, id) of each id damaged bytes hold in part: the 16 bytes after a byte a
+    record or a BODY frame puts before an id, all upper-case hex digits but for at most
+    two of them or one run of at most ``BURST``. Whole ids are ``whole_ids``'. A message
+    whose every copy of its id was hit (its envelope's and its BODY frame's) is known by
+    these alone. What the damage may have changed is shown as ``UNKNOWN_CHAR``
+    (``_suspect``)."""
+    found = []
     for m in _ID_ANCHOR.finditer(raw):
         window = raw[m.end() : m.end() + ID_LENGTH]
         if len(window.translate(None, _HEX_DIGITS)) > BURST:
             continue  # quick: more bytes than a burst are no hex digits
         bad = [i for i, byte in enumerate(window) if byte not in _HEX_DIGITS]
         if bad and (len(bad) <= 2 or bad[-1] - bad[0] < BURST):
-            text = window.decode("latin-1")
-            found.add("".join(UNKNOWN_CHAR if i in bad else c for i, c in enumerate(text)))
+            found.append((m.end(), _suspect(window.decode("latin-1"), bad)))
+    return found
+
+
+def _suspect(text: str, bad: list[int]) -> str:
+    """``text`` with every character the damage may have changed unknown: those that are
+    no hex digit, and, when they lie within one burst, the others that burst may have
+    covered (a byte of a burst can become another hex digit: no sign of damage)."""
+    if bad[-1] - bad[0] < BURST:
+        bad = list(range(max(0, bad[-1] - BURST + 1), min(len(text), bad[0] + BURST)))
+    return "".join(UNKNOWN_CHAR if i in bad else c for i, c in enumerate(text))
+
+
+_HEX_RUN = re.compile(rb"[0-9A-F]{%d,}" % (ID_LENGTH - fmt.BURST))
+
+
+def loose_ids(raw: bytes) -> list[tuple[int, str]]:
+    """(where, id) of the ids damaged bytes hold without the byte a record or a BODY frame
+    puts before them: a burst over that byte and up to ``BURST`` - 1 of the id's first
+    characters (each now no hex digit, or another one). Each run of at least 12 hex
+    digits after another byte gives the id it may be the rest of, for each number of
+    characters lost before it, the first ``BURST`` - 1 unknown. Message data may hold
+    such runs: what they give is only ever named."""
+    found: list[tuple[int, str]] = []
+    lead = BURST - 1
+    for m in _HEX_RUN.finditer(raw):
+        start = m.start()
+        if start > 0 and raw[start - 1] in (0x70, fmt.T_BODY):
+            continue  # where ``whole_ids`` and ``partial_ids`` read
+        run = m.group().decode("ascii")
+        texts = {
+            UNKNOWN_CHAR * lead + run[lead - lost : ID_LENGTH - lost]
+            for lost in range(lead + 1)
+            if len(run) >= ID_LENGTH - lost
+        }
+        found += [(start, text) for text in sorted(texts)]
     return found
 
 
@@ -955,27 +992,26 @@ def id_merged(a: str, b: str) -> str | None:
     return None if UNKNOWN_CHAR in merged else merged
 
 
-def id_disagreement(a: str, b: str) -> str | None:
-    """The id two copies of one id, each hit in one place, leave known: ``UNKNOWN_CHAR``
-    wherever either is unknown or they differ. None unless they differ, in at most two
-    runs of at most ``BURST`` characters, and agree on at least half the id."""
-    differ = [
-        i
-        for i, (x, y) in enumerate(zip(a, b, strict=True))
-        if UNKNOWN_CHAR not in (x, y) and x != y
-    ]
-    agree = sum(x == y != UNKNOWN_CHAR for x, y in zip(a, b, strict=True))
-    runs, reach = 0, -1
-    for at in differ:
-        if at > reach:
-            runs += 1
-            reach = at + BURST - 1
-    if not differ or runs > 2 or agree < ID_LENGTH // 2:
-        return None
-    return "".join(
-        UNKNOWN_CHAR if i in differ or UNKNOWN_CHAR in (x, y) else x
-        for i, (x, y) in enumerate(zip(a, b, strict=True))
-    )
+def id_agreement(a: str, b: str) -> set[str]:
+    """What two copies of one id, each hit in one place, leave known: ``UNKNOWN_CHAR``
+    wherever either is unknown or they differ; and the same with each run of differences
+    widened as far as a burst reaches (it may have changed a character next to them into
+    another hex digit, the same one the other copy's damage made of it). Each only if it
+    still holds at least a quarter of the id: each copy may have lost up to seven
+    characters (``_suspect``)."""
+    pairs = list(zip(a, b, strict=True))
+    unknown = {i for i, (x, y) in enumerate(pairs) if UNKNOWN_CHAR in (x, y) or x != y}
+    differ = [i for i, (x, y) in enumerate(pairs) if x != y and UNKNOWN_CHAR not in (x, y)]
+    wide = set(unknown)
+    while differ:  # each run of differences within a burst, and as far as it may reach
+        run = [i for i in differ if i - differ[0] < BURST]
+        differ = differ[len(run) :]
+        wide.update(range(max(0, run[-1] - BURST + 1), min(len(a), run[0] + BURST)))
+    return {
+        "".join(UNKNOWN_CHAR if i in gone else x for i, x in enumerate(a))
+        for gone in (unknown, wide)
+        if len(a) - len(gone) >= ID_LENGTH // 4
+    }
 
 
 def id_near(raw: bytes, msg_id: str, others: Container[str] = ()) -> bool:
@@ -1594,7 +1630,13 @@ class Assessment:
             held = env is not None and env.held is not None
             body = state.body
             lost_at = body.at if body is not None and body.kind == rec.BODY_INLINE else None
-            region = self.lost_bodies.get(lost_at) if lost_at is not None else None
+            # Its BODY frame damaged: vouched for by its first envelope, or in a region with
+            # that envelope (both hit), which a later replacement names it by position.
+            region = (
+                (self.lost_bodies.get(lost_at) or self.region_at(lost_at))
+                if lost_at is not None
+                else None
+            )
             if region is not None:
                 out.append(Affected(msg_id, Verdict.BODY_LOST, region, True, held))
             elif body is not None and body.kind == rec.BODY_FILE and msg_id in self.bad_files:

@@ -326,9 +326,11 @@ def judge_repaired(
     assert obs.observed is not None
     seen = obs.observed
     # A message whose every copy of its id was hit is named as its id reads ("?" where a
-    # character is unknown): it names each message of the workload's that it fits.
+    # character may be wrong): it names each message whose frames the damage hit that it
+    # fits (never one the damage did not touch: such a name may fit those too).
     partial = [m for m in obs.named if UNKNOWN_CHAR in m]
-    named = obs.named | {m for m in ledger.issued(prefix) if any(id_fits(p, m) for p in partial)}
+    owners = {owner for _kind, owner in damaged if owner}
+    named = obs.named | {m for m in owners if any(id_fits(p, m) for p in partial)}
     exempt = named | {owner for kind, owner in damaged if kind == "control"}
     bad += judge(seen, ledger, prefix, exempt=frozenset(exempt), repaired=True)
     acked = ledger.settled_acked(prefix)
