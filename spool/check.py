@@ -88,6 +88,7 @@ from spool.damage import (
     RegionKind,
     SegmentScan,
     Verdict,
+    fits_any,
     id_agreement,
     id_merged,
     id_near,
@@ -103,6 +104,7 @@ from spool.directory import archive_file, check_layout
 from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
 from spool.fs import FileSystem, read_file, write_file_durably
 from spool.lock import OwnerLock
+from spool.operator import ActionResult, OperatorAction
 from spool.options import load_settings, resolve_options, store_settings
 from spool.positions import RestartPositions, load_positions, unretired
 from spool.reader import list_segments
@@ -640,7 +642,7 @@ def _messages_lost_whole(
         # A partial copy that fits an id the log names intact is taken for a damaged
         # record of that message; one that fits only what this damage reads may be the
         # copy that kept the id right where the other lost it: named as it reads.
-        fits = _fits_any(seen | named_before)
+        fits = fits_any(seen | named_before)
         unsure = {text for text in partial if not fits(text)}
         # Two copies of one id read in two places, each hit (read whole but changed into
         # another id, or in part; both alike where the distinguishing characters were
@@ -668,23 +670,6 @@ def _messages_lost_whole(
 # How many copies of ids in one damaged region are paired to find an id two hit copies
 # share (message data can hold any number of id-like texts).
 ID_COPIES_PAIRED = 64
-
-
-def _fits_any(ids: set[str]) -> Callable[[str], bool]:
-    """Whether a partial id fits one of ``ids``: by the ids masked where it is unknown, one
-    set per mask (a queue may hold millions of ids; a damaged region, a few partial ones)."""
-    masked: dict[tuple[int, ...], set[str]] = {}
-
-    def mask(msg_id: str, unknown: tuple[int, ...]) -> str:
-        return "".join(UNKNOWN_CHAR if i in unknown else c for i, c in enumerate(msg_id))
-
-    def fits(partial: str) -> bool:
-        unknown = tuple(i for i, c in enumerate(partial) if c == UNKNOWN_CHAR)
-        if unknown not in masked:
-            masked[unknown] = {mask(m, unknown) for m in ids if len(m) == len(partial)}
-        return partial in masked[unknown]
-
-    return fits
 
 
 def _body_size(fs: FileSystem, root: str) -> Callable[[str], int | None]:
@@ -1414,12 +1399,65 @@ def _settle_affected(
             # First: no claim may hand out what a lost start used up. Durable on return;
             # a crash before it leaves the repair's flag, and the rerun notes it again.
             sp._desk.note_used_up(report.used_up)
+        settled = _settle_in_bulk(sp, [a for a in report.affected if a.msg_id not in restore])
         for a in report.affected:
             if a.msg_id in restore:
                 fates.append((a.msg_id, _restore_one(sp, path, restore.pop(a.msg_id))))
+            elif a.msg_id in settled:
+                fates.append((a.msg_id, settled[a.msg_id]))
             else:
                 fates.append((a.msg_id, _settle_one(sp, a)))
     return fates
+
+
+def _settle_in_bulk(sp: Spool, affected: list[Affected]) -> dict[str, str]:
+    """Hold (records possibly lost) or bounce (body lost) the messages named once in
+    ``affected``, with one walk of the queue per reason (``Spool.act``) instead of one per
+    message: a repair naming thousands of messages is linear. Returns each settled
+    message's fate; a message named more than once, or a group the bulk action could not
+    settle, is left to ``_settle_one``, message by message (a bulk action that raised may
+    have settled some of its group before: settling them again is a no-op or a
+    "no longer queued"). Each ``Spool.act`` is durable on return."""
+    named = Counter(a.msg_id for a in affected)
+    groups: dict[tuple[OperatorAction, str], list[Affected]] = {}
+    for a in affected:
+        if named[a.msg_id] != 1:
+            continue
+        if a.verdict is Verdict.RECORDS_LOST and not a.held:
+            key = (OperatorAction.HOLD, RECORDS_LOST_HOLD.format(region=a.region))
+        elif a.verdict is Verdict.BODY_LOST:
+            copy = _kept_copy(sp, a)
+            reply = BODY_LOST_REPLY.format(copy=copy) if copy else BODY_FILE_MISSING_REPLY
+            key = (OperatorAction.BOUNCE, reply)
+        else:
+            continue
+        groups.setdefault(key, []).append(a)
+    fates: dict[str, str] = {}
+    for (action, reason), group in groups.items():
+        try:
+            done = sp.act(action, [a.msg_id for a in group], reason=reason)
+        except SpoolError:
+            continue  # message by message, each with its own error
+        for a in group:
+            fates[a.msg_id] = _bulk_fate(a, action, reason, done)
+    return fates
+
+
+def _bulk_fate(a: Affected, action: OperatorAction, reason: str, done: ActionResult) -> str:
+    """What ``done`` (a bulk hold or bounce) did to ``a``'s message, worded as
+    ``_settle_one`` words it."""
+    if a.msg_id in done.unknown:
+        return "no longer queued (settled meanwhile)"
+    if a.msg_id in done.refused:
+        return f"could not be settled: {done.refused[a.msg_id]}"
+    if action is OperatorAction.BOUNCE:
+        return f"its body was lost at {a.region}: its pending recipients failed ({reason})"
+    if a.msg_id in done.unchanged:
+        return f"records possibly lost at {a.region}; it stays held"
+    return (
+        f"records possibly lost at {a.region}: held; check whether its recipients "
+        "were delivered, then release or delete it"
+    )
 
 
 def _restore_one(sp: Spool, path: str, a: Affected) -> str:

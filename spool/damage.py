@@ -915,11 +915,6 @@ _HEX_DIGITS = b"0123456789ABCDEF"
 _ID_ANCHOR = re.compile(rb"[\x70\x%02x](?=[\x00-\xff]{16})" % fmt.T_BODY, re.DOTALL)
 
 
-def partial_ids(raw: bytes) -> set[str]:
-    """The message ids that damaged bytes hold in part (``partial_id_reads``)."""
-    return {text for _at, text in partial_id_reads(raw)}
-
-
 def partial_id_reads(raw: bytes) -> list[tuple[int, str]]:
     """(where, id) of each id damaged bytes hold in part: the 16 bytes after a byte a
     record or a BODY frame puts before an id, all upper-case hex digits but for at most
@@ -973,11 +968,22 @@ def loose_ids(raw: bytes) -> list[tuple[int, str]]:
     return found
 
 
-def id_fits(partial: str, msg_id: str) -> bool:
-    """Whether ``msg_id`` reads as ``partial`` where ``partial`` is not unknown."""
-    return len(partial) == len(msg_id) and all(
-        a in (b, UNKNOWN_CHAR) for a, b in zip(partial, msg_id, strict=True)
-    )
+def fits_any(ids: set[str]) -> Callable[[str], bool]:
+    """Whether a partial id fits one of ``ids`` (reads as it wherever it is not
+    ``UNKNOWN_CHAR``): by the ids masked where it is unknown, one set per mask (a queue
+    may hold millions of ids; a damaged region, a few partial ones)."""
+    masked: dict[tuple[int, ...], set[str]] = {}
+
+    def mask(msg_id: str, unknown: tuple[int, ...]) -> str:
+        return "".join(UNKNOWN_CHAR if i in unknown else c for i, c in enumerate(msg_id))
+
+    def fits(partial: str) -> bool:
+        unknown = tuple(i for i, c in enumerate(partial) if c == UNKNOWN_CHAR)
+        if unknown not in masked:
+            masked[unknown] = {mask(m, unknown) for m in ids if len(m) == len(partial)}
+        return partial in masked[unknown]
+
+    return fits
 
 
 def id_merged(a: str, b: str) -> str | None:

@@ -35,7 +35,7 @@ from spool import format as fmt
 from spool import records as rec
 from spool.bodies import read_body
 from spool.check import check_spool, repair_spool
-from spool.damage import UNKNOWN_CHAR, id_fits
+from spool.damage import UNKNOWN_CHAR, fits_any
 from spool.framing import Frame, parse_frame
 from spool.fs import FileSystem
 from spool.options import load_settings
@@ -46,6 +46,13 @@ from spool.recovery import resolve_body
 from spool.segment_header import check_segment_header, segment_salt
 from spool.testing import FakeClock, deliver_all
 from tests.crash.workload import START_TIME, TUNING, Ledger
+
+
+def id_fits(partial: str, msg_id: str) -> bool:
+    """Whether ``msg_id`` reads as ``partial`` wherever ``partial`` is not unknown (the
+    repair's own test, ``damage.fits_any``)."""
+    return fits_any({msg_id})(partial)
+
 
 LiveQueue = dict[str, tuple[tuple[str, ...], bool]]
 

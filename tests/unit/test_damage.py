@@ -33,9 +33,8 @@ from spool.damage import (
     _padding_but_for_two_bursts,
     _sized_marker,
     _solve,
-    id_fits,
     id_merged,
-    partial_ids,
+    partial_id_reads,
     recover_salt,
 )
 from spool.framing import Frame, encode_frame, frame_crc, pad_frame, parse_frame
@@ -46,6 +45,7 @@ from spool.segment_header import segment_header, segment_salt
 from spool.testing import FakeClock
 from spool.testing.crashsim import CrashSimulator, RecordingFS
 from tests.contract.repairing import delivered_contents, padding_alone_segment
+from tests.crash.contract import id_fits
 from tests.unit.test_recovery_edges import append_batch, frame_of, salt_of
 
 FS = FileSystem()
@@ -1552,6 +1552,15 @@ def envelope_and_body(data: bytes, msg_id: str) -> tuple[int, int]:
     return id_at, body
 
 
+def fresh_messages(root: Path, count: int) -> tuple[list[str], Path, bytearray]:
+    """``count`` messages accepted into a spool of 4 KiB segments: their ids, the newest
+    segment and its bytes (to damage, then write back)."""
+    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(count)]
+    seg = newest(root)
+    return msgs, seg, bytearray(seg.read_bytes())
+
+
 @pytest.mark.parametrize("messages", [1, 3])
 @pytest.mark.parametrize(
     ("in_envelope", "in_body"),
@@ -1570,12 +1579,7 @@ def test_a_message_whose_every_id_copy_is_hit_is_named_by_the_two_together(
     # message vanished, the repair naming nothing (or only the others it held). The two
     # partial copies, put together, give the id.
     root = tmp_path / "spool"
-    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
-        msgs = [
-            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(messages)
-        ]
-    seg = newest(root)
-    data = bytearray(seg.read_bytes())
+    msgs, seg, data = fresh_messages(root, messages)
     id_at, body = envelope_and_body(bytes(data), msgs[-1])
     (at, value), (body_at, body_value) = in_envelope, in_body
     data[id_at + at : id_at + at + len(value)] = value
@@ -1592,10 +1596,7 @@ def test_a_message_whose_id_copies_are_hit_alike_is_named_as_its_id_reads(
     # The same, with both copies hit in the same characters: the id cannot be made whole,
     # and the message is named as it reads, its unknown characters shown as "?".
     root = tmp_path / "spool"
-    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
-        msg = sp.accept("a@example.org", ["r@example.net"], b"x" * 100)
-    seg = newest(root)
-    data = bytearray(seg.read_bytes())
+    [msg], seg, data = fresh_messages(root, 1)
     id_at, body = envelope_and_body(bytes(data), msg)
     data[id_at + 9 : id_at + 11] = b"\0\0"
     data[body + 9 + 9 : body + 9 + 11] = b"\xff\xff"
@@ -1605,6 +1606,11 @@ def test_a_message_whose_id_copies_are_hit_alike_is_named_as_its_id_reads(
     assert named and all(UNKNOWN_CHAR in m for m in named), report.fates
     assert any(id_fits(m, msg) for m in named), report.fates
     assert report.after.clean, report.after.problems
+
+
+def partial_ids(raw: bytes) -> set[str]:
+    """The message ids that damaged bytes hold in part."""
+    return {text for _at, text in partial_id_reads(raw)}
 
 
 def test_partial_ids_are_read_only_where_a_burst_or_two_characters_are_hit() -> None:
@@ -1629,10 +1635,7 @@ def test_a_message_whose_id_copies_are_both_hit_into_other_ids_is_named(tmp_path
     # named, but neither is the message's id. They disagree as two places of damage make
     # copies of one id disagree, so the id they leave known is named too, and it fits.
     root = tmp_path / "spool"
-    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
-        msg = sp.accept("a@example.org", ["r@example.net"], b"x" * 100)
-    seg = newest(root)
-    data = bytearray(seg.read_bytes())
+    [msg], seg, data = fresh_messages(root, 1)
     id_at, body = envelope_and_body(bytes(data), msg)
     other = b"0" if msg[0] != "0" else b"1"
     data[id_at + 7 : id_at + 11] = bytes(
@@ -1660,12 +1663,7 @@ def test_a_message_whose_id_copies_lost_the_byte_before_them_is_named(
     # bytes: the message vanished unnamed. A run of hex digits after any other byte, in
     # damaged records, is read as an id (whole, or the end of one).
     root = tmp_path / "spool"
-    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
-        msgs = [
-            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(messages)
-        ]
-    seg = newest(root)
-    data = bytearray(seg.read_bytes())
+    msgs, seg, data = fresh_messages(root, messages)
     id_at, body = envelope_and_body(bytes(data), msgs[-1])
     if variant == "envelope-anchor-and-body-start":
         data[id_at - 1] = 0x00
