@@ -126,6 +126,7 @@ TWO_BODIES_HOLD = (
     "two different body files were found: the one in bodies/ is kept as its body, the other "
     "in corrupt/ (body.ID.STAMP.second): check which is the message's before releasing it"
 )
+SETTLED_MEANWHILE = "no longer queued (settled meanwhile)"
 RECORDS_LOST_HOLD = (
     "records of this message may have been lost to disk damage at {region}: check whether "
     "its recipients were delivered before releasing it"
@@ -322,6 +323,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     unusable: list[int] = []  # segment numbers with something else in their place
     for seg in segments:
         if seg - 1 in missing:
+            walk.sizes[seg - 1] = fmt.SEGMENT_HEADER_SIZE  # what the repair puts there
             walk.step(Position(seg - 1, 0), _missing_region(seg - 1))
         kind = _entry_kind(fs, _segment_path(log_dir, seg))
         if kind not in (_FILE, _GONE):
@@ -333,6 +335,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
             )
             not_segments.append(os.path.join(fmt.LOG_DIR, fmt.segment_name(seg)))
             unusable.append(seg)
+            walk.sizes[seg] = fmt.SEGMENT_HEADER_SIZE
             walk.step(Position(seg, 0), _missing_region(seg))
             continue
         try:
@@ -345,8 +348,11 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
                     ProblemKind.SEGMENT_MISSING, _segment_path(log_dir, seg), 0, "segment missing"
                 )
             )
+            walk.sizes[seg] = fmt.SEGMENT_HEADER_SIZE
             walk.step(Position(seg, 0), _missing_region(seg))
             continue
+        # Where the segment ends, with the stand-ins for a lost end its scan found.
+        walk.sizes[seg] = max([scan.size, *(i.end for _, i in scan.items if isinstance(i, Region))])
         records += sum(1 for _, item in scan.items if not isinstance(item, Region))
         size += scan.size
         _report_scan(scan, _segment_path(log_dir, seg), problems, notes)
@@ -369,6 +375,17 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
         notes.append(
             f"{len(markers)} damaged region(s) set aside by an earlier repair"
             + (f" (copies: {', '.join(copies)})" if copies else "")
+        )
+    for lost_end in walk.lost_ends.values():
+        # Bytes a record names but the segment no longer holds (``Assessment._lost_end``).
+        regions.append(lost_end)
+        problems.append(
+            Problem(
+                ProblemKind.DAMAGE,
+                _segment_path(log_dir, lost_end.segment),
+                lost_end.start,
+                f"{lost_end.reason}; at least {lost_end.end - lost_end.start} bytes",
+            )
         )
     live = set(walk.live)
     bad_files, two_bodies = _check_bodies(fs, path, walk, problems)
@@ -1178,13 +1195,16 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
         fs.mkdir(corrupt, 0o700)
         fs.fsync_dir(root)
     damaged = sorted(
-        {r.segment for r in report.regions}
-        | {seg for seg, _offset, _what in report.corrections}
-        | {
-            fmt.parse_segment_name(os.path.basename(p.path)) or 0
-            for p in report.problems
-            if p.kind is ProblemKind.SEGMENT_HEADER
-        }
+        (
+            {r.segment for r in report.regions}
+            | {seg for seg, _offset, _what in report.corrections}
+            | {
+                fmt.parse_segment_name(os.path.basename(p.path)) or 0
+                for p in report.problems
+                if p.kind is ProblemKind.SEGMENT_HEADER
+            }
+        )
+        - set(report.missing_segments)  # written whole below
     )
     copies: dict[int, str] = {}
     for seg in damaged:
@@ -1273,7 +1293,8 @@ def _repair_files(fs: FileSystem, root: str, report: CheckReport) -> list[str]:
             f"set right the damaged bytes of {_segment_path(log_dir, seg)}: {what or 'its header'}"
         )
     for seg in report.missing_segments:
-        _write_segment(fs, log_dir, seg, _missing_segment(seg))
+        lost = [r for r in report.regions if r.segment == seg]
+        _write_segment(fs, log_dir, seg, _missing_segment(seg, lost))
         done.append(f"created {_segment_path(log_dir, seg)} in place of a missing segment")
     return done
 
@@ -1346,9 +1367,9 @@ def _rewrite_segment(
     if scan.salt is None:
         salt = new_salt()
         out = bytearray(segment_header(seg, salt))
-        rest = len(data) - fmt.SEGMENT_HEADER_SIZE
-        if rest >= fmt.FRAME_HEADER_SIZE:
-            lost = Region(seg, len(out), len(data), RegionKind.RECORDS, "unreadable segment")
+        end = max([len(data), *(r.end for r in regions)])  # a lost end included
+        if end - fmt.SEGMENT_HEADER_SIZE >= fmt.FRAME_HEADER_SIZE:
+            lost = Region(seg, len(out), end, RegionKind.RECORDS, "unreadable segment")
             out += replacement(lost, salt, now, copy)
     else:
         out = bytearray(data)
@@ -1356,19 +1377,30 @@ def _rewrite_segment(
         for offset, frame, _what in scan.corrections:
             out[offset : offset + len(frame)] = frame  # one flipped bit put right
         for region in regions:
-            if region.start >= fmt.SEGMENT_HEADER_SIZE:
+            if region.start >= len(data):
+                # The segment's lost end (``Assessment._lost_end``): from where the file now
+                # ends (a marker of a cut record may have grown it) to past every place
+                # a record names.
+                if len(out) < region.end:
+                    lost_end = attrs.evolve(region, start=len(out))
+                    out += replacement(lost_end, scan.salt, now, copy)
+            elif region.start >= fmt.SEGMENT_HEADER_SIZE:
                 out[region.start : region.end] = replacement(region, scan.salt, now, copy)
-    # Longer only by a marker of records a shortened file cut (``damage.replacement``).
+    # Longer only by a marker of records a shortened file cut (``damage.replacement``), or
+    # of its lost end.
     assert len(out) <= max(len(data), fmt.SEGMENT_HEADER_SIZE + RECORD_FRAME_MIN) or (
-        bool(regions) and regions[-1].end == len(data)
+        bool(regions) and regions[-1].end >= len(data)
     )
     _write_segment(fs, log_dir, seg, bytes(out))
 
 
-def _missing_segment(seg: int) -> bytes:
+def _missing_segment(seg: int, named: list[Region]) -> bytes:
+    """A segment in place of a missing one: its header, then a marker of records lost
+    reaching past every place a record names in it (``named``: ``Assessment._lost_end``)."""
     salt = new_salt()
     start = fmt.SEGMENT_HEADER_SIZE
-    lost = Region(seg, start, start + RECORD_FRAME_MIN, RegionKind.RECORDS, "segment missing")
+    end = max([start + RECORD_FRAME_MIN, *(r.end for r in named)])
+    lost = Region(seg, start, end, RegionKind.RECORDS, "segment missing")
     return segment_header(seg, salt) + replacement(lost, salt, time.time(), "")
 
 
@@ -1416,8 +1448,9 @@ def _settle_in_bulk(sp: Spool, affected: list[Affected]) -> dict[str, str]:
     message: a repair naming thousands of messages is linear. Returns each settled
     message's fate; a message named more than once, or a group the bulk action could not
     settle, is left to ``_settle_one``, message by message (a bulk action that raised may
-    have settled some of its group before: settling them again is a no-op or a
-    "no longer queued"). Each ``Spool.act`` is durable on return."""
+    have settled some of its group before: a hold again is a no-op, and a bounce that
+    finds gone a message queued before the bulk one names that one, as nothing but the
+    repair acts on the spool it has to itself). Each ``Spool.act`` is durable on return."""
     named = Counter(a.msg_id for a in affected)
     groups: dict[tuple[OperatorAction, str], list[Affected]] = {}
     for a in affected:
@@ -1433,21 +1466,30 @@ def _settle_in_bulk(sp: Spool, affected: list[Affected]) -> dict[str, str]:
             continue
         groups.setdefault(key, []).append(a)
     fates: dict[str, str] = {}
+    queued = {entry.msg_id for entry in sp.list()} if groups else set()
     for (action, reason), group in groups.items():
         try:
             done = sp.act(action, [a.msg_id for a in group], reason=reason)
         except SpoolError:
-            continue  # message by message, each with its own error
+            for a in group:  # message by message, each with its own error
+                fate = _settle_one(sp, a)
+                if fate == SETTLED_MEANWHILE and a.msg_id in queued:
+                    fate = _bulk_fate(a, action, reason, _DONE)  # by the bulk bounce
+                fates[a.msg_id] = fate
+            continue
         for a in group:
             fates[a.msg_id] = _bulk_fate(a, action, reason, done)
     return fates
+
+
+_DONE = ActionResult((), (), (), {})  # a bulk action that took effect: _bulk_fate words it
 
 
 def _bulk_fate(a: Affected, action: OperatorAction, reason: str, done: ActionResult) -> str:
     """What ``done`` (a bulk hold or bounce) did to ``a``'s message, worded as
     ``_settle_one`` words it."""
     if a.msg_id in done.unknown:
-        return "no longer queued (settled meanwhile)"
+        return SETTLED_MEANWHILE
     if a.msg_id in done.refused:
         return f"could not be settled: {done.refused[a.msg_id]}"
     if action is OperatorAction.BOUNCE:
@@ -1500,7 +1542,7 @@ def _settle_one(sp: Spool, a: Affected) -> str:
                 "were delivered, then release or delete it"
             )
     except UnknownMessage:
-        return "no longer queued (settled meanwhile)"
+        return SETTLED_MEANWHILE
     except SpoolError as exc:
         return f"could not be settled: {exc}"
     return f"envelope lost at {a.region}: {a.detail}"

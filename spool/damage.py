@@ -56,6 +56,7 @@ from crc32c import crc32c
 from spool import format as fmt
 from spool import records as rec
 from spool.framing import (
+    NEED_DATA,
     Frame,
     encode_frame,
     frame_crc,
@@ -163,8 +164,10 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
     pos = fmt.SEGMENT_HEADER_SIZE
     body_end: tuple[str, int] | None = None  # (msg id, end) of a BODY an envelope announced
     corrections: list[tuple[int, bytes, str]] = []
+    cut_short = False  # the last frame runs past the end of the file
     while pos < len(data):
         result = parse_frame(data, pos, salt)
+        cut_short = result is NEED_DATA
         if isinstance(result, Frame):
             item: Frame | Region = _as_marker(result, number, pos) or result
             if body_end is not None:  # where the envelope before put its BODY frame
@@ -203,7 +206,37 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
         items.append((pos, _classify(data, number, pos, end, salt, vouched, reason)))
         body_end = None
         pos = end
+    if not newest and (cut_short or body_end is not None):
+        items += _lost_end_of(number, items, len(data), body_end)
     return SegmentScan(number, salt, problem, tuple(items), None, "", len(data), tuple(corrections))
+
+
+def _lost_end_of(
+    number: int,
+    items: list[tuple[int, Frame | Region]],
+    size: int,
+    body_end: tuple[str, int] | None,
+) -> list[tuple[int, Frame | Region]]:
+    """Stand-ins for the lost end of a segment before the newest that ends inside a frame,
+    or right after a first envelope (the writer appends its BODY frame with it): the file
+    was cut short, and records after the cut may have been lost with it. The BODY frame
+    announced, if any, then records of unknown kind (``RECORD_FRAME_MIN`` bytes: how many
+    is unknown; a later record naming a place further on widens them,
+    ``Assessment._lost_end``). The repair's markers make the file grow to cover them.
+    A cut at a batch's start leaves no trace: nothing in the format says how long a
+    segment was."""
+    start = max([size, *(r.end for _, r in items if isinstance(r, Region))])
+    lost: list[tuple[int, Frame | Region]] = []
+    if body_end is not None:
+        msg_id, end = body_end
+        why = "body lost with the segment's end"
+        length = end - start
+        body = Region(number, start, end, RegionKind.BODY, why, body_of=msg_id, body_bytes=length)
+        lost.append((start, body))
+        start = end
+    why = "the segment's end is lost (the file was cut short)"
+    lost.append((start, Region(number, start, start + RECORD_FRAME_MIN, RegionKind.RECORDS, why)))
+    return lost
 
 
 def _names_another_segment(data: bytes, number: int) -> bool:
@@ -731,7 +764,8 @@ def _padding_alone_in_shape(data: bytes, first: int) -> int | None:
         return None  # more non-zero bytes than flipped bits allowed: not padding
     last = first + fmt.FRAME_HEADER_SIZE + len(tail.rstrip(b"\0"))  # zeros from here
     low = max(last, first + fmt.FRAME_HEADER_SIZE)
-    for end in range(_boundary_at_or_after(low), len(data) + 1, fmt.SECTOR):
+    top = min(len(data), first + PAD_SIZE_MAX)  # the spool pads no further: one pass
+    for end in range(_boundary_at_or_after(low), top + 1, fmt.SECTOR):
         if _padding_in_shape(data, first, end):
             return end
     return None
@@ -1414,6 +1448,11 @@ class Assessment:
         # Every message an intact record names (an id that only damage holds is a message
         # whose records were all lost: check.py names it).
         self.seen: set[str] = set()
+        # Each segment's size as scanned (a missing one: its header's), and, for a segment
+        # that a record shows to have lost its end (``_lost_end``), the region of those
+        # bytes.
+        self.sizes: dict[int, int] = {}
+        self.lost_ends: dict[int, Region] = {}
 
     def region_at(self, at: Position) -> Region | None:
         return next((r for r in self.regions if r.holds(at)), None)
@@ -1537,6 +1576,8 @@ class Assessment:
 
     def _record(self, pos: Position, frame: Frame, record: rec.Record) -> None:
         self.seen.add(record.target if isinstance(record, rec.Control) else record.msg_id)
+        for named in _positions_named(record):
+            self._lost_end(named)
         if isinstance(record, rec.Envelope):
             if record.supersedes is not None:
                 self._passed_over(self.live.get(record.msg_id), record.supersedes)
@@ -1580,6 +1621,32 @@ class Assessment:
             for state in self.live.values():
                 if state.envelope_at in record.sup:
                     state.started = True
+
+    def _lost_end(self, named: Position) -> None:
+        """A record names ``named``, an earlier place in the log. Past the end of its
+        segment as scanned, it shows that the segment lost its end (a file cut short, or
+        missing: truncated frames and gaps aside, a cut at a batch's start leaves no trace
+        in the segment itself). Those bytes, from the end to past ``named``, are a region
+        of records possibly lost: every message live here is suspect, a start that names
+        an envelope there lost it, and the repair's marker fills them (the file grows), so
+        that recovery finds the envelope set aside, not "no frame header here"."""
+        size = self.sizes.get(named.segment)
+        if size is None or named.offset < size:
+            return
+        end = named.offset + RECORD_FRAME_MIN
+        region = self.lost_ends.get(named.segment)
+        if region is None:
+            why = f"the segment's end is lost: a record names offset {named.offset} in it"
+            region = Region(named.segment, size, end, RegionKind.RECORDS, why)
+            self.lost_ends[named.segment] = region
+            self._region(Position(named.segment, size), region)
+        elif end > region.end:
+            grown = attrs.evolve(region, end=end)
+            self.regions[self.regions.index(region)] = grown
+            self.lost_ends[named.segment] = grown
+            for table in (self.suspects, self.lost_envelopes, self.lost_envelopes_of):
+                for msg_id in [m for m, r in table.items() if r is region]:
+                    table[msg_id] = grown
 
     def _passed_over(self, state: _Live | None, named: Position) -> None:
         """A record of a message moves on from ``named``; if the message's live envelope
@@ -1688,6 +1755,20 @@ class Assessment:
                 out = [a for a in out if a.msg_id != msg_id]
                 out.append(_in_flight(lost))
         return sorted(out, key=lambda a: a.msg_id)
+
+
+def _positions_named(record: rec.Record) -> list[Position]:
+    """The earlier places in the log that ``record`` names."""
+    if isinstance(record, rec.Start):
+        return [record.envelope_at]
+    if isinstance(record, rec.Envelope):
+        named = [record.supersedes, record.body.at, record.promoted_from]
+        return [p for p in named if p is not None]
+    if isinstance(record, rec.Finish):
+        return [record.promoted_from] if record.promoted_from is not None else []
+    if isinstance(record, rec.Control):
+        return list(record.sup)
+    return []
 
 
 def _in_flight(lost: Affected) -> Affected:

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from spool import OperatorAction, Spool
+from spool import CorruptSpool, OperatorAction, Spool
 from spool import format as fmt
+from spool import records as rec
 from spool.check import repair_spool
+from spool.operator import OperatorDesk
+from spool.records import Position
 from spool.testing import CountingFS, FakeClock, tree_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +101,42 @@ def test_a_repair_that_holds_many_messages_walks_the_log_once_per_reason(
     with Spool.open(root, **OPTIONS) as sp:  # type: ignore[arg-type]
         queued = {e.msg_id: e.held for e in sp.list()}
     assert all("may have been lost to disk damage" in (queued[m] or "") for m in held)
+
+
+def test_a_bulk_bounce_that_fails_half_way_names_what_it_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the review of the bulk repair: two bodies lost, one bounce for both; the
+    # second envelope could not be read (a read error, injected: a checked spool gives no
+    # such envelope) after the first message's recipients had failed. Settled again one by
+    # one, the first was "no longer queued (settled meanwhile)": the report hid that the
+    # repair itself had failed its recipients (a bounce goes to its sender).
+    root = tmp_path / "spool"
+    with Spool.open(root, segment_size=4096, clock=FakeClock()) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    newest = max((root / fmt.LOG_DIR).iterdir())
+    data = bytearray(newest.read_bytes())
+    for msg in msgs[:2]:  # a burst in each of two inline bodies
+        body = data.index(bytes([fmt.T_BODY]) + msg.encode())
+        data[body + 40 : body + 44] = b"\xde\xad\xbe\xef"
+    newest.write_bytes(bytes(data))
+    reads: list[object] = []
+    real = OperatorDesk._read_envelope
+
+    def second_read_fails(desk: OperatorDesk, pos: Position) -> tuple[rec.Envelope, int]:
+        reads.append(pos)
+        if len(reads) == 2:
+            raise CorruptSpool(str(newest), pos.offset, "injected: envelope unreadable")
+        return real(desk, pos)
+
+    monkeypatch.setattr(OperatorDesk, "_read_envelope", second_read_fails)
+    report = repair_spool(str(root))
+    fates = dict(report.fates)
+    assert all("its pending recipients failed" in fates[m] for m in msgs[:2]), fates
+    assert msgs[2] not in fates
+    monkeypatch.undo()
+    with Spool.open(root, clock=FakeClock()) as sp:
+        assert [e.msg_id for e in sp.list()] == [msgs[2]]
 
 
 def test_act_reports_what_it_did_to_each_message(tmp_path: Path) -> None:

@@ -167,12 +167,16 @@ def judge(
     prefix: int,
     exempt: frozenset[str] = frozenset(),
     repaired: bool = False,
+    untraced: frozenset[str] = frozenset(),
 ) -> list[str]:
     """Every way ``obs`` breaks the contract for a crash after ``prefix`` trace ops.
 
     Messages in ``exempt`` (named by a repair) are left to ``judge_repaired``. Recovery
     removes orphan body files itself, unless damage a repair set aside may have held the
-    envelope naming one (``repaired``)."""
+    envelope naming one (``repaired``). Messages in ``untraced`` lost records without a
+    trace (a segment cut at a batch's start): nothing is asked of them, not even that the
+    queue view and the claims agree on them (a finish gone leaves a start that the restart
+    positions say was closed)."""
     if obs.error is not None:
         return [f"recovery failed: {obs.error}"]
     bad: list[str] = [f"spool check: {p}" for p in obs.problems]
@@ -185,16 +189,16 @@ def judge(
     if obs.reopened != obs.queue:
         bad.append(f"a second open sees another queue: {obs.queue} then {obs.reopened}")
     if obs.handed_out is not None:
-        due = {m: p for m, (p, held) in obs.queue.items() if not held}
-        got = dict(obs.handed_out)
-        if len(got) != len(obs.handed_out):
+        due = {m: p for m, (p, held) in obs.queue.items() if not held and m not in untraced}
+        got = {m: p for m, p in obs.handed_out if m not in untraced}
+        if len({m for m, _ in obs.handed_out}) != len(obs.handed_out):
             bad.append(f"a message was handed out twice at once: {obs.handed_out}")
         if got != due:
             bad.append(f"claim hands out {got}, but the queue holds {due} (stuck or extra mail)")
     for msg, n in obs.log_live.items():
         if n > 1:
             bad.append(f"{msg} has {n} live envelopes (would be attempted twice)")
-    if set(obs.log_live) != set(obs.queue):
+    if set(obs.log_live) - untraced != set(obs.queue) - untraced:
         bad.append(f"queue view {sorted(obs.queue)} != live envelopes {sorted(obs.log_live)}")
     for msg, (pending, _held) in obs.queue.items():
         if msg in exempt:
@@ -311,9 +315,11 @@ def judge_repaired(
     ledger: Ledger,
     prefix: int,
     damaged: tuple[tuple[str, str], ...],
+    lost: frozenset[str] = frozenset(),
 ) -> list[str]:
     """``damaged`` is (kind, message) of each frame the flipped bits hit, in the undamaged
-    state (two bits a few bytes apart may hit two frames)."""
+    state (two bits a few bytes apart may hit two frames). ``lost``: messages whose every
+    trace may be gone (a segment cut short or missing): exempt."""
     if obs.error is not None:
         return [obs.error]
     bad = [f"not clean after repair: {p}" for p in obs.problems_after]
@@ -338,8 +344,8 @@ def judge_repaired(
     partial = [m for m in obs.named if UNKNOWN_CHAR in m]
     owners = {owner for _kind, owner in damaged if owner}
     named = obs.named | {m for m in owners if any(id_fits(p, m) for p in partial)}
-    exempt = named | {owner for kind, owner in damaged if kind == "control"}
-    bad += judge(seen, ledger, prefix, exempt=frozenset(exempt), repaired=True)
+    exempt = named | lost | {owner for kind, owner in damaged if kind == "control"}
+    bad += judge(seen, ledger, prefix, exempt=frozenset(exempt), repaired=True, untraced=lost)
     acked = ledger.settled_acked(prefix)
     for msg, rcpts in seen.handed_out or []:
         if msg in named and any((msg, r) in acked for r in rcpts):

@@ -20,6 +20,7 @@ from spool.attempts import AttemptBook
 from spool.body_keeping import BodyKeeper
 from spool.checkpoints import Checkpointer
 from spool.fs import FileSystem
+from spool.operator import OperatorAction
 from spool.reader import LogCursor
 from spool.scheduling import Scheduler
 from spool.writer import LogWriter
@@ -230,20 +231,27 @@ def open_forgets_the_outcome_setting(mp: pytest.MonkeyPatch) -> None:
 def repair_holds_nothing(mp: pytest.MonkeyPatch) -> None:
     """``spool check --repair`` sets damage aside but does not hold the messages whose
     start or delivered delta may have been in it: they would be attempted again."""
-    original = check._settle_one
+    original, bulk = check._settle_one, check._settle_in_bulk
 
     def settle(sp: Any, affected: Any) -> str:
         if affected.verdict is check.Verdict.RECORDS_LOST:
             return "left as it was"
         return original(sp, affected)
 
+    def settle_in_bulk(sp: Any, affected: list[Any]) -> dict[str, str]:
+        lost = {
+            a.msg_id: "left as it was" for a in affected if a.verdict is check.Verdict.RECORDS_LOST
+        }
+        return {**bulk(sp, [a for a in affected if a.msg_id not in lost]), **lost}
+
     mp.setattr(check, "_settle_one", settle)
+    mp.setattr(check, "_settle_in_bulk", settle_in_bulk)
 
 
 def repair_deletes_lost_bodies(mp: pytest.MonkeyPatch) -> None:
     """``spool check --repair`` ends a message whose body it lost silently (``delete``)
     instead of failing its recipients: the sender never hears of it."""
-    original = check._settle_one
+    one, bulk = check._settle_one, check._settle_in_bulk
 
     class Deleting:
         def __init__(self, sp: Any) -> None:
@@ -252,7 +260,13 @@ def repair_deletes_lost_bodies(mp: pytest.MonkeyPatch) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(self.sp, "delete" if name == "bounce" else name)
 
-    mp.setattr(check, "_settle_one", lambda sp, affected: original(Deleting(sp), affected))
+        def act(self, action: OperatorAction, *args: Any, **kwargs: Any) -> Any:
+            if action is OperatorAction.BOUNCE:
+                action = OperatorAction.DELETE
+            return self.sp.act(action, *args, **kwargs)
+
+    mp.setattr(check, "_settle_one", lambda sp, affected: one(Deleting(sp), affected))
+    mp.setattr(check, "_settle_in_bulk", lambda sp, affected: bulk(Deleting(sp), affected))
 
 
 def repair_ignores_bodies_in_gone_segments(mp: pytest.MonkeyPatch) -> None:
