@@ -315,6 +315,8 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
             Problem(ProblemKind.SEGMENT_MISSING, _segment_path(log_dir, n), 0, "segment missing")
         )
     walk = Assessment(set())
+    for n in missing:
+        walk.sizes[n] = fmt.SEGMENT_HEADER_SIZE  # what the repair puts there
     regions: list[Region] = []
     markers: list[Region] = []
     corrections: list[tuple[int, int, str]] = []
@@ -323,7 +325,6 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     unusable: list[int] = []  # segment numbers with something else in their place
     for seg in segments:
         if seg - 1 in missing:
-            walk.sizes[seg - 1] = fmt.SEGMENT_HEADER_SIZE  # what the repair puts there
             walk.step(Position(seg - 1, 0), _missing_region(seg - 1))
         kind = _entry_kind(fs, _segment_path(log_dir, seg))
         if kind not in (_FILE, _GONE):

@@ -1692,6 +1692,9 @@ class Assessment:
         return [p for p in self.used_up if p not in self.noted]
 
     def _reestablished(self, msg_id: str) -> None:
+        # A later envelope or start of the message: it moved on from whatever was lost
+        # before (an attempt from a lost envelope that ended with a replacement is over).
+        self.lost_envelopes.pop(msg_id, None)
         self.suspects.pop(msg_id, None)
         self.lone_bodies.pop(msg_id, None)
         self.lost_envelopes_of.pop(msg_id, None)

@@ -129,7 +129,17 @@ def check(directory: str, repair: bool, as_json: bool) -> None:
     repaired = None
     needs = not report.clean or report.orphan_bodies or report.affected
     if repair and needs:
-        repaired = repair_spool(directory)
+        try:
+            repaired = repair_spool(directory)
+        except KeyboardInterrupt:
+            if os.path.exists(os.path.join(directory, fmt.REPAIRING_NAME)):
+                # Every step is durable as it ends; the rerun finishes from the markers.
+                click.echo(
+                    "spool: interrupted: the repair is not finished, and no open serves "
+                    f"the spool until it is: run `spool check --repair {directory}` again",
+                    err=True,
+                )
+            raise
     if as_json:
         out: dict[str, Any] = {**to_jsonable(report), "clean": report.clean}
         if repaired is not None:

@@ -31,24 +31,30 @@ CHILD = """
     sp = Spool.open(sys.argv[1] if len(sys.argv) > 1 else {root!r}, clock=FakeClock(1.8e9),
                     segment_size=2048, inline_body_max=100, retry_intervals=(60.0, 600.0))
     early = [sp.accept("a@example.org", [f"e{{i}}@example.net"], b"e" * 80) for i in range(9)]
-    victim = sp.accept("v@example.org", ["v1@example.net", "v2@example.net"], b"v" * 80)
+    body = b"v" * (500 if {deferred} else 80)  # a body file, or inline (in the lost bytes)
+    victim = sp.accept("v@example.org", ["v1@example.net", "v2@example.net"], body)
     others = [sp.accept("b@example.org", [f"o{{i}}@example.net"], b"o" * 80) for i in range(9)]
     while (attempt := sp.claim(timeout=0)) is not None and attempt.msg_id != victim:
         attempt.deferred(list(attempt.envelope.recipients), "451 4.3.0 later")
         attempt.close()
     assert attempt is not None
     attempt.delivered(["v1@example.net"], "250 ok")
+    if {deferred}:
+        attempt.deferred(["v2@example.net"], "451 4.3.0 later")
+        attempt.close()
     sp.sync()
     print(json.dumps({{"early": early, "victim": victim, "others": others}}))
     sys.stdout.flush()
-    os._exit(0)  # a crash with the victim in flight
+    os._exit(0)  # a crash (with the victim in flight, unless deferred)
 """
 
 
-def in_flight_from_a_segment(root: Path) -> tuple[dict[str, list[str] | str], Position]:
+def in_flight_from_a_segment(
+    root: Path, deferred: bool = False
+) -> tuple[dict[str, list[str] | str], Position]:
     """The child's spool: its messages, and where the victim's envelope is (its start is
-    in a later segment)."""
-    ids = json.loads(run_child(CHILD.format(root=str(root))))
+    in a later segment, two on)."""
+    ids = json.loads(run_child(CHILD.format(root=str(root), deferred=deferred)))
     found = {
         (type(record).__name__, pos.segment): pos
         for pos, record, _frame in records(root)
@@ -56,7 +62,7 @@ def in_flight_from_a_segment(root: Path) -> tuple[dict[str, list[str] | str], Po
     }
     envelope = min(pos for (kind, _seg), pos in found.items() if kind == "Envelope")
     start = max(pos for (kind, _seg), pos in found.items() if kind == "Start")
-    assert start.segment > envelope.segment
+    assert start.segment > envelope.segment + 1
     return ids, envelope
 
 
@@ -70,7 +76,14 @@ def segment_of(root: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize(
-    "loss", ["cut-at-the-envelope", "cut-in-the-envelope", "cut-after-the-envelope", "missing"]
+    "loss",
+    [
+        "cut-at-the-envelope",
+        "cut-in-the-envelope",
+        "cut-after-the-envelope",
+        "missing",
+        "missing-with-the-next",
+    ],
 )
 def test_a_segment_that_lost_its_end_under_a_message_in_flight_is_repaired(
     tmp_path: Path, loss: str
@@ -79,8 +92,12 @@ def test_a_segment_that_lost_its_end_under_a_message_in_flight_is_repaired(
     ids, at = in_flight_from_a_segment(root)
     first = segment_of(root)
     segment = root / fmt.LOG_DIR / fmt.segment_name(at.segment)
-    if loss == "missing":
+    if loss.startswith("missing"):
         segment.unlink()
+        if loss == "missing-with-the-next":
+            # Found by the review of this fix: only the last of two missing segments in a
+            # row knew its size, and the repair's own open raised.
+            (root / fmt.LOG_DIR / fmt.segment_name(at.segment + 1)).unlink()
     else:
         cut = at.offset + {"cut-at-the-envelope": 0, "cut-in-the-envelope": 40}.get(loss, 0)
         if loss == "cut-after-the-envelope":  # its BODY frame lost whole, nothing else
@@ -106,3 +123,25 @@ def test_a_segment_that_lost_its_end_under_a_message_in_flight_is_repaired(
     assert {m for m in ids["early"] if first[m] < at.segment} <= queued
     assert ids["victim"] not in queued  # finished with what survived (R5)
     assert set(claimed_later(root)) <= queued
+
+
+def test_an_attempt_from_a_lost_envelope_that_ended_with_a_replacement_is_queued(
+    tmp_path: Path,
+) -> None:
+    # Found by the review of this fix: the victim's first envelope in the lost end, its
+    # attempt (start, a delivery, a deferral) and the replacement that ended it intact,
+    # its body in a body file. The repair said "recovery finishes it" while it stayed
+    # queued, and every later check named it again: the replacement re-establishes it.
+    root = tmp_path / "spool"
+    ids, at = in_flight_from_a_segment(root, deferred=True)
+    segment = root / fmt.LOG_DIR / fmt.segment_name(at.segment)
+    with open(segment, "r+b") as f:
+        f.truncate(at.offset)
+    repaired = repair_spool(str(root))
+    assert repaired.after.clean, repaired.after.problems
+    fate = dict(repaired.fates).get(ids["victim"], "")
+    assert "finishes it" not in fate, fate
+    assert check_spool(str(root)).affected == ()
+    with Spool.open(root) as sp:
+        queued = {e.msg_id: e.recipients for e in sp.list()}
+    assert queued[ids["victim"]] == ("v2@example.net",)

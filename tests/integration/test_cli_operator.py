@@ -238,6 +238,52 @@ def test_ctrl_c_exits_130_without_a_traceback(spool_dir: str, queue: dict[str, s
     assert spool("list", "-c", spool_dir).stdout == "3\n"  # nothing half-queued
 
 
+def test_ctrl_c_of_a_repair_says_how_to_finish_it(tmp_path: Path) -> None:
+    # A repair that holds thousands of messages (damage near the log's end: "records
+    # possibly lost" for each) takes seconds: Ctrl-C once its flag is written leaves a
+    # spool every open refuses until a repair finishes; the one line says so, and the
+    # rerun finishes it.
+    from spool import format as fmt
+    from spool.testing import FakeClock
+
+    d = tmp_path / "spool"
+    with Spool.open(d, clock=FakeClock(), retry_intervals=(300.0,), checkpoint_interval=1e6) as sp:
+        for i in range(3000):
+            sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 200)
+        while (attempt := sp.claim(timeout=0)) is not None:
+            with attempt:
+                attempt.deferred(list(attempt.envelope.recipients), "451 4.3.0 later")
+    newest = max((d / fmt.LOG_DIR).iterdir())
+    data = bytearray(newest.read_bytes())
+    at = len(data) * 99 // 100
+    data[at : at + 40] = b"\xa5" * 40
+    newest.write_bytes(bytes(data))
+    proc = subprocess.Popen(
+        [SPOOL_CMD, "check", str(d), "--repair"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_default,
+    )
+    flag = d / fmt.REPAIRING_NAME
+    while not flag.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    if proc.poll() is not None:
+        pytest.skip("the repair ended before its flag was seen (a very fast machine)")
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 1 and not flag.exists():
+        pytest.skip("the repair ended before the SIGINT (a very fast machine)")
+    assert proc.returncode == 130, err
+    assert err.count("\n") == 1 and "run `spool check --repair" in err, err
+    refused = spool("checkpoint", str(d))  # every open, until the repair is finished
+    assert refused.returncode == 1 and "repair" in refused.stderr, refused.stderr
+    again = spool("check", str(d), "--repair")
+    assert again.returncode == 1 and "after repair: clean" in again.stdout, again.stderr
+    assert spool("list", "-c", str(d)).stdout == "3000\n"
+
+
 def documented_worker_loop() -> str:
     """The worker loop docs/api.md shows first, as a program."""
     text = (ROOT / "docs" / "api.md").read_text()
