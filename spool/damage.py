@@ -164,10 +164,10 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
     pos = fmt.SEGMENT_HEADER_SIZE
     body_end: tuple[str, int] | None = None  # (msg id, end) of a BODY an envelope announced
     corrections: list[tuple[int, bytes, str]] = []
-    cut_short = False  # the last frame runs past the end of the file
+    cut_short = False  # the file ends inside its last frame, cut short (``_cut_in``)
     while pos < len(data):
         result = parse_frame(data, pos, salt)
-        cut_short = result is NEED_DATA
+        cut_short = False
         if isinstance(result, Frame):
             item: Frame | Region = _as_marker(result, number, pos) or result
             if body_end is not None:  # where the envelope before put its BODY frame
@@ -204,11 +204,31 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
             continue
         end = _resync(data, pos, salt, vouched[1] if vouched else None)
         items.append((pos, _classify(data, number, pos, end, salt, vouched, reason)))
+        cut_short = result is NEED_DATA and _cut_in(data, pos, vouched)
         body_end = None
         pos = end
     if not newest and (cut_short or body_end is not None):
         items += _lost_end_of(number, items, len(data), body_end)
     return SegmentScan(number, salt, problem, tuple(items), None, "", len(data), tuple(corrections))
+
+
+def _cut_in(data: bytes, pos: int, vouched: tuple[str, int] | None) -> bool:
+    """Whether the frame at ``pos``, which runs past the end of ``data``, was cut short by
+    a shorter file rather than hit where its length is: its header says where it ends as
+    only an intact one does. A PAD frame ends on a sector boundary within
+    ``PAD_SIZE_MAX`` (a burst over its length ends it there one time in hundreds); a BODY
+    frame where its envelope says; a record's is any length (a region of records lost
+    already holds every message live there). A header itself cut: only a shorter file."""
+    if pos + fmt.FRAME_HEADER_SIZE > len(data):
+        return True
+    length: int = fmt.FRAME_HEADER.unpack_from(data, pos)[1]
+    ftype: int = data[pos + fmt.FRAME_HEADER_SIZE - 1]
+    end = pos + fmt.FRAME_HEADER_SIZE + length
+    if ftype == fmt.T_PAD:
+        return end % fmt.SECTOR == 0 and end - pos <= PAD_SIZE_MAX
+    if ftype == fmt.T_BODY:
+        return vouched is None or vouched[1] == end
+    return ftype in fmt.TYPE_NAMES
 
 
 def _lost_end_of(

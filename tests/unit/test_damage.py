@@ -1820,3 +1820,34 @@ def test_a_lost_first_envelope_and_its_body_frame_of_a_deferred_message_leave_a_
     assert report.after.clean, report.after.problems
     assert msg in {m for m, _ in report.fates}, report.fates
     assert delivered_contents(root) == {other: b"y" * 100}
+
+
+@pytest.mark.parametrize("burst", [b"\xff\xff\xff\xff", b"\x00\x10\x00\x00", b"\xa5\x5a"])
+def test_a_burst_over_the_length_of_an_older_segments_last_pad_names_no_mail(
+    tmp_path: Path, burst: bytes
+) -> None:
+    # Found by the crash pieces on 4fe9193 (the PAD-header layer): a burst over the length
+    # of the PAD frame that ends a segment before the newest made the frame run past the
+    # file's end, which the rule for files cut short took for a lost end: every message
+    # live there was held and named. An intact PAD header ends on a sector boundary.
+    root = tmp_path / "spool"
+    with Spool.open(root, clock=FakeClock()) as sp:
+        msgs = [sp.accept("a@example.org", [f"r{i}@example.net"], b"x" * 100) for i in range(3)]
+    with Spool.open(root, clock=FakeClock()) as sp:  # the next accept opens segment 2
+        msgs.append(sp.accept("a@example.org", ["late@example.net"], b"y" * 100))
+    first = root / fmt.LOG_DIR / fmt.segment_name(1)
+    data = bytearray(first.read_bytes())
+    salt, pos, last = segment_salt(bytes(data)), fmt.SEGMENT_HEADER_SIZE, (0, fmt.T_BODY)
+    while pos < len(data):
+        frame = parse_frame(bytes(data), pos, salt)
+        assert isinstance(frame, Frame)
+        last = (pos, frame.type)
+        pos += frame.size
+    last_pad, kind = last
+    assert kind == fmt.T_PAD  # the segment ends with a batch's padding
+    data[last_pad + 4 : last_pad + 4 + len(burst)] = burst  # its length field
+    first.write_bytes(bytes(data))
+    report = repair_spool(str(root))
+    assert report.fates == (), report.fates
+    assert report.after.clean, report.after.problems
+    assert set(delivered_contents(root)) == set(msgs)
