@@ -11,11 +11,14 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from spool import Spool
+from spool import format as fmt
 from spool.testing import FakeClock
-from spool.testing.crashsim import CrashSimulator, RecordingFS, Unit
-from tests.crash.contract import judge, observe
-from tests.crash.workload import OPTIONS, START_TIME, Call, Ledger
+from spool.testing.crashsim import CrashSimulator, RecordingFS, TreeState, Unit
+from tests.crash.contract import judge, judge_repaired, observe, observe_repaired
+from tests.crash.workload import OPTIONS, START_TIME, Call, Ledger, run_named
 
 
 def record(
@@ -191,3 +194,30 @@ def test_recovery_removes_the_body_file_of_an_accept_a_crash_cut_short(tmp_path:
         for keep in ([], sim.pending(prefix)):
             shutil.rmtree(tmp_path / "state", ignore_errors=True)
             check_state(tmp_path, fs, ledger, prefix, keep)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a repair re-queues a message whose finish (and a delta) it set aside "
+    "after the finish had let its body file go (docs/reliability.md, seed 21149)",
+)
+def test_a_damaged_delta_and_finish_of_a_message_whose_body_file_is_gone(tmp_path: Path) -> None:
+    # Found by the crash pieces on e868221 (older than them: b7667fd fails the same way).
+    # Workload everything-with-outcomes, seed 21149, crash after trace op 119: a burst
+    # over a delivered delta (segment 3, bytes 589-592) and a bit of the finish (byte
+    # 745) of the same message, whose body file the finish had let go. The repair's open
+    # rebuilt the attempt from what was left and queued the message again, held, naming a
+    # body file that is gone: recovery then refuses the spool ("body file is missing").
+    recorded = run_named(str(tmp_path / "w"), 21149, 30)
+    state = CrashSimulator(recorded.trace).build(119, ())
+    files = dict(state.files)
+    seg = next(p for p in files if p.endswith(fmt.segment_name(3)))
+    data = bytearray(files[seg])
+    data[589:593] = b"\xa5\x5a\x0f\xf0"
+    data[745] ^= 0x10
+    files[seg] = bytes(data)
+    damaged = TreeState(state.dirs, tuple(sorted(files.items())))
+    damaged.write(str(tmp_path / "state"))
+    obs = observe_repaired(str(tmp_path / "state" / "spool"))
+    owners = (("delta", ""), ("finish", ""))
+    assert not judge_repaired(obs, recorded.ledger, 119, owners)
