@@ -353,7 +353,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
             walk.step(Position(seg, 0), _missing_region(seg))
             continue
         # Where the segment ends, with the stand-ins for a lost end its scan found.
-        walk.sizes[seg] = max([scan.size, *(i.end for _, i in scan.items if isinstance(i, Region))])
+        walk.sizes[seg] = scan.extent
         records += sum(1 for _, item in scan.items if not isinstance(item, Region))
         size += scan.size
         _report_scan(scan, _segment_path(log_dir, seg), problems, notes)
@@ -1460,9 +1460,7 @@ def _settle_in_bulk(sp: Spool, affected: list[Affected]) -> dict[str, str]:
         if a.verdict is Verdict.RECORDS_LOST and not a.held:
             key = (OperatorAction.HOLD, RECORDS_LOST_HOLD.format(region=a.region))
         elif a.verdict is Verdict.BODY_LOST:
-            copy = _kept_copy(sp, a)
-            reply = BODY_LOST_REPLY.format(copy=copy) if copy else BODY_FILE_MISSING_REPLY
-            key = (OperatorAction.BOUNCE, reply)
+            key = (OperatorAction.BOUNCE, _body_lost_reply(sp, a))
         else:
             continue
         groups.setdefault(key, []).append(a)
@@ -1475,15 +1473,12 @@ def _settle_in_bulk(sp: Spool, affected: list[Affected]) -> dict[str, str]:
             for a in group:  # message by message, each with its own error
                 fate = _settle_one(sp, a)
                 if fate == SETTLED_MEANWHILE and a.msg_id in queued:
-                    fate = _bulk_fate(a, action, reason, _DONE)  # by the bulk bounce
+                    fate = _bounced(a, reason)  # by the bulk bounce
                 fates[a.msg_id] = fate
             continue
         for a in group:
             fates[a.msg_id] = _bulk_fate(a, action, reason, done)
     return fates
-
-
-_DONE = ActionResult((), (), (), {})  # a bulk action that took effect: _bulk_fate words it
 
 
 def _bulk_fate(a: Affected, action: OperatorAction, reason: str, done: ActionResult) -> str:
@@ -1494,13 +1489,31 @@ def _bulk_fate(a: Affected, action: OperatorAction, reason: str, done: ActionRes
     if a.msg_id in done.refused:
         return f"could not be settled: {done.refused[a.msg_id]}"
     if action is OperatorAction.BOUNCE:
-        return f"its body was lost at {a.region}: its pending recipients failed ({reason})"
+        return _bounced(a, reason)
     if a.msg_id in done.unchanged:
-        return f"records possibly lost at {a.region}; it stays held"
+        return _stays_held(a)
+    return _held(a)
+
+
+def _body_lost_reply(sp: Spool, a: Affected) -> str:
+    """The reply a message whose body was lost fails with: where the damaged bytes are."""
+    copy = _kept_copy(sp, a)
+    return BODY_LOST_REPLY.format(copy=copy) if copy else BODY_FILE_MISSING_REPLY
+
+
+def _bounced(a: Affected, reply: str) -> str:
+    return f"its body was lost at {a.region}: its pending recipients failed ({reply})"
+
+
+def _held(a: Affected) -> str:
     return (
         f"records possibly lost at {a.region}: held; check whether its recipients "
         "were delivered, then release or delete it"
     )
+
+
+def _stays_held(a: Affected) -> str:
+    return f"records possibly lost at {a.region}; it stays held"
 
 
 def _restore_one(sp: Spool, path: str, a: Affected) -> str:
@@ -1530,18 +1543,14 @@ def _settle_one(sp: Spool, a: Affected) -> str:
         if a.verdict is Verdict.ENVELOPE_DAMAGED_IN_FLIGHT:
             return f"its envelope was damaged at {a.region} while in flight: {a.detail}"
         if a.verdict is Verdict.BODY_LOST:
-            copy = _kept_copy(sp, a)
-            reply = BODY_LOST_REPLY.format(copy=copy) if copy else BODY_FILE_MISSING_REPLY
+            reply = _body_lost_reply(sp, a)
             sp.bounce(a.msg_id, reply)  # failed, not deleted: the sender must be told
-            return f"its body was lost at {a.region}: its pending recipients failed ({reply})"
+            return _bounced(a, reply)
         if a.verdict is Verdict.RECORDS_LOST:
             if a.held:
-                return f"records possibly lost at {a.region}; it stays held"
+                return _stays_held(a)
             sp.hold(a.msg_id, RECORDS_LOST_HOLD.format(region=a.region))
-            return (
-                f"records possibly lost at {a.region}: held; check whether its recipients "
-                "were delivered, then release or delete it"
-            )
+            return _held(a)
     except UnknownMessage:
         return SETTLED_MEANWHILE
     except SpoolError as exc:

@@ -141,6 +141,16 @@ class SegmentScan:
     def regions(self) -> list[Region]:
         return [item for _, item in self.items if isinstance(item, Region)]
 
+    @property
+    def extent(self) -> int:
+        """Where the segment ends: its size, or past it where stand-ins for a lost end
+        reach (``_lost_end_of``)."""
+        return _extent(self.size, self.items)
+
+
+def _extent(size: int, items: Iterable[tuple[int, Frame | Region]]) -> int:
+    return max([size, *(r.end for _, r in items if isinstance(r, Region))])
+
 
 def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) -> SegmentScan:
     """Read segment ``number`` (its bytes ``data``) past any damage (module docstring).
@@ -245,7 +255,7 @@ def _lost_end_of(
     ``Assessment._lost_end``). The repair's markers make the file grow to cover them.
     A cut at a batch's start leaves no trace: nothing in the format says how long a
     segment was."""
-    start = max([size, *(r.end for _, r in items if isinstance(r, Region))])
+    start = _extent(size, items)
     lost: list[tuple[int, Frame | Region]] = []
     if body_end is not None:
         msg_id, end = body_end

@@ -283,14 +283,7 @@ class Explorer:
         self.report.features.add("segment cut short or missing")
         self.report.damaged_states += 1
         self.report.repaired_states += 1
-        dest = os.path.join(work, "repair")
-        shutil.rmtree(dest, ignore_errors=True)
-        damaged.write(dest)
-        try:
-            obs = observe_repaired(os.path.join(dest, "spool"))
-            problems = judge_repaired(obs, recorded.ledger, prefix, (("cut", ""),), lost)
-        finally:
-            shutil.rmtree(dest, ignore_errors=True)
+        problems = self._check_repair(damaged, work, recorded.ledger, prefix, (("cut", ""),), lost)
         if problems:
             self._violation(
                 recorded, sim, prefix, chosen, [where, *problems], "spool check --repair of "
@@ -303,13 +296,14 @@ class Explorer:
         ledger: Ledger,
         prefix: int,
         owners: tuple[tuple[str, str], ...],
+        lost: frozenset[str] = frozenset(),
     ) -> list[str]:
         dest = os.path.join(work, "repair")
         shutil.rmtree(dest, ignore_errors=True)
         state.write(dest)
         try:
             obs = observe_repaired(os.path.join(dest, "spool"))
-            return judge_repaired(obs, ledger, prefix, owners)
+            return judge_repaired(obs, ledger, prefix, owners, lost)
         finally:
             shutil.rmtree(dest, ignore_errors=True)
 
