@@ -1542,6 +1542,8 @@ def _settle_one(sp: Spool, a: Affected) -> str:
             return _rebind_one(sp, a)
         if a.verdict is Verdict.ENVELOPE_DAMAGED_IN_FLIGHT:
             return f"its envelope was damaged at {a.region} while in flight: {a.detail}"
+        if a.verdict is Verdict.FINISH_LOST:
+            return f"finish lost at {a.region}: {a.detail}; nothing to settle"
         if a.verdict is Verdict.BODY_LOST:
             reply = _body_lost_reply(sp, a)
             sp.bounce(a.msg_id, reply)  # failed, not deleted: the sender must be told

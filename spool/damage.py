@@ -1410,6 +1410,9 @@ class Verdict(enum.Enum):
     # Two valid body files of one message that differ (incoming/ and bodies/): which is
     # its own cannot be told. Held, the one in incoming/ kept in corrupt/.
     BODY_AMBIGUOUS = "two different body files"
+    # In flight or queued here, yet an outcome acknowledgement of it follows: its finish
+    # (and maybe its start) was in the damage. Finished: nothing to settle, only named.
+    FINISH_LOST = "finish lost"
 
 
 @attrs.frozen
@@ -1475,6 +1478,9 @@ class Assessment:
         # Messages whose finish was seen: settled for good. A damaged envelope after it that
         # still reads as theirs is another message's whose id the damage changed.
         self.finished: set[str] = set()
+        # Messages live here that an outcome acknowledgement showed finished (its finish
+        # was lost), with the damage that held the finish where one is known.
+        self.finish_lost: dict[str, Region] = {}
         # Every message an intact record names (an id that only damage holds is a message
         # whose records were all lost: check.py names it).
         self.seen: set[str] = set()
@@ -1636,21 +1642,39 @@ class Assessment:
                 # A delta of an attempt whose start was never seen: the start was lost.
                 self.suspects.setdefault(record.msg_id, self.regions[-1])
         elif isinstance(record, rec.Finish):
-            state = self.live.pop(record.msg_id, None)
-            if state is not None and not state.started and state.envelope_at is not None:
-                self._start_was_lost(state.envelope_at)
-            self._reestablished(record.msg_id)
-            self.lost_envelopes.pop(record.msg_id, None)
-            self.finished.add(record.msg_id)
+            self._finished(record.msg_id)
             if record.body.kind == rec.BODY_FILE:
                 self.awaiting_ack.add(record.msg_id)
         elif isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
             self.awaiting_ack.discard(record.target)
+            if record.target in self.live:
+                # An acknowledgement is written only for an outcome handed out, and that
+                # only once its finish is durable (outcome_desk.py): the finish was before
+                # it, and is lost. Recovery settles the attempt from the acknowledgement
+                # (it must not decide it again: the acknowledgement let the body file go).
+                target = record.target
+                region = (
+                    self.suspects.get(target)
+                    or self.lost_envelopes.get(target)
+                    or next((r for r in self.regions if r.lost_target == target), None)
+                )
+                self._finished(target)
+                if region is not None:
+                    self.finish_lost[target] = region
         elif isinstance(record, rec.Control) and record.action == rec.USED_UP:
             self.noted.update(record.sup)
             for state in self.live.values():
                 if state.envelope_at in record.sup:
                     state.started = True
+
+    def _finished(self, msg_id: str) -> None:
+        """A finish of ``msg_id``, seen or proven: settled for good. If its live envelope
+        was never started here, the start was lost in damage."""
+        state = self.live.pop(msg_id, None)
+        if state is not None and not state.started and state.envelope_at is not None:
+            self._start_was_lost(state.envelope_at)
+        self._reestablished(msg_id)
+        self.finished.add(msg_id)
 
     def _lost_end(self, named: Position) -> None:
         """A record names ``named``, an earlier place in the log. Past the end of its
@@ -1757,6 +1781,9 @@ class Assessment:
                 out.append(
                     Affected(msg_id, Verdict.RECORDS_LOST, self.suspects[msg_id], True, held)
                 )
+        for msg_id, region in self.finish_lost.items():
+            detail = "its outcome was acknowledged later, so it had finished"
+            out.append(Affected(msg_id, Verdict.FINISH_LOST, region, False, False, detail))
         for msg_id, region in self.lost_envelopes_of.items():
             flying = self.live.get(msg_id)
             if msg_id in self.lone_bodies:

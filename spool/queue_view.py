@@ -164,6 +164,11 @@ def _live_messages_once(
         elif isinstance(record, rec.Finish):
             live.pop(record.msg_id, None)
             deferrals.pop(record.msg_id, None)
+        elif isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
+            # Only a durable finish is acknowledged: one still live here had its finish
+            # lost to damage a repair set aside (recovery settles it the same way).
+            live.pop(record.target, None)
+            deferrals.pop(record.target, None)
     return live
 
 

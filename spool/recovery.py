@@ -255,6 +255,7 @@ def recover(
     # it was on (an open that turns it on writes positions before any finish of its own).
     tracked = options.outcomes and (loaded is None or bool(loaded.settings.get("outcomes", True)))
     dead_bodies: list[str] = []
+    finished_unseen: list[tuple[str, _Working]] = []  # settled by an acknowledgement alone
     # Messages a scanned envelope gives a body file, and those whose files the positions
     # say stay in incoming/ past them (``Checkpointer._settle_staged``): never leftovers.
     named_files: set[str] = set(loaded.unsettled) if loaded else set()
@@ -294,7 +295,16 @@ def recover(
                 # (With outcome tracking a finish may name a copy made as it finished.)
                 named_files.add(record.msg_id)
             if isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
-                acked.add(record.target)
+                flying = working.get(record.target)
+                if flying is not None and not flying.settled:
+                    # An acknowledgement follows only a durable finish (outcome_desk.py):
+                    # this attempt's finish was lost to damage a repair set aside. It is
+                    # settled (its outcome was handed out, its body file goes below), and
+                    # the reader will never meet that finish to forget the id by.
+                    flying.settled = True
+                    finished_unseen.append((record.target, flying))
+                else:
+                    acked.add(record.target)
                 if after:
                     # With outcome tracking a body file lives until its outcome is
                     # acknowledged (outcomes.py); a crash may have kept it past that.
@@ -321,6 +331,10 @@ def recover(
         _cut_torn_tail(fs, root, log_dir, torn.at)
     if not dry_run:
         _make_durable(fs, root, [s for s in segments if s >= start.segment])
+    for msg_id, w in finished_unseen:
+        _release_unseen_finish_pin(
+            fs, log_dir, msg_id, w, consistent, segments[0], damaged, body_refs
+        )
     # Pins of segments already deleted (a full scan replays finishes of messages whose
     # bodies went with them) mean nothing: keep only live segments with live bodies.
     body_refs = {seg: n for seg, n in body_refs.items() if seg >= segments[0] and n > 0}
@@ -759,6 +773,47 @@ def _promoted_copy(
     except CorruptSpool:
         return None  # missing or damaged: the data is lost
     return rec.BodyRef(rec.BODY_FILE, inline.size) if len(data) == inline.size else None
+
+
+def _release_unseen_finish_pin(
+    fs: FileSystem,
+    log_dir: str,
+    msg_id: str,
+    w: _Working,
+    consistent: Position,
+    first_segment: int,
+    damaged: list[tuple[Position, int]],
+    body_refs: dict[int, int],
+) -> None:
+    """Release the pin of an inline body that a lost finish released (``_apply``), for a
+    message settled by its outcome acknowledgement alone. Only a finish after
+    ``consistent`` is replayed (its attempt started there): one before it is in the
+    positions' counts already, or not, which cannot be told, so that pin stays (a segment
+    kept longer, never a live body's segment deleted). The body is inline if the envelope
+    the attempt started from says so, and counted if that envelope and those it follows
+    back to the first are all readable: a first envelope set aside as damage pinned
+    nothing. A body already in a file (promoted) has no pin."""
+    if w.start_at < consistent:
+        return
+    at = w.envelope_at
+    while at.segment >= first_segment and not _in_damaged(at, damaged):
+        frame = read_frame_at(fs, log_dir, at)
+        if frame.type != fmt.T_ENVELOPE:
+            return
+        path = os.path.join(log_dir, fmt.segment_name(at.segment))
+        env = rec.decode_stored(frame.type, frame.payload, path, at.offset)
+        if not (
+            isinstance(env, rec.Envelope)
+            and env.msg_id == msg_id
+            and env.body.kind == rec.BODY_INLINE
+        ):
+            return
+        if env.supersedes is None:
+            body = resolve_body(env, at, frame.size)
+            assert body.at is not None, "resolve_body resolves an inline body"
+            unpin_body(body_refs, body.at.segment)
+            return
+        at = env.supersedes
 
 
 def _in_damaged(at: Position, damaged: list[tuple[Position, int]]) -> bool:

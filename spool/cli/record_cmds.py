@@ -117,7 +117,12 @@ def show(directory: str, msg_id: str, data: bool, headers: bool, as_json: bool) 
     elif headers:
         env = [r for _, r in records if isinstance(r, rec.Envelope)][-1]
         assert isinstance(env, rec.Envelope)
-        finished = any(isinstance(r, rec.Finish) for _, r in records)
+        # (An outcome acknowledgement proves a finish, should damage have taken it.)
+        finished = any(
+            isinstance(r, rec.Finish)
+            or (isinstance(r, rec.Control) and r.action == rec.OUTCOME_ACK)
+            for _, r in records
+        )
         click.echo(f"queue_id: {env.msg_id}")
         click.echo(f"arrival_time: {human_time(env.accepted_at)}")
         click.echo(f"state: {'finished' if finished else ('held' if env.held else 'queued')}")

@@ -11,8 +11,6 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from spool import Spool
 from spool import format as fmt
 from spool.testing import FakeClock
@@ -196,13 +194,10 @@ def test_recovery_removes_the_body_file_of_an_accept_a_crash_cut_short(tmp_path:
             check_state(tmp_path, fs, ledger, prefix, keep)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a repair re-queues a message whose finish (and a delta) it set aside "
-    "after the finish had let its body file go (docs/reliability.md, seed 21149)",
-)
 def test_a_damaged_delta_and_finish_of_a_message_whose_body_file_is_gone(tmp_path: Path) -> None:
     # Found by the crash pieces on e868221 (older than them: b7667fd fails the same way).
+    # Mended by reading an outcome acknowledgement as the proof of its message's finish
+    # (tests/contract/test_repair_acknowledged_finish.py).
     # Workload everything-with-outcomes, seed 21149, crash after trace op 119: a burst
     # over a delivered delta (segment 3, bytes 589-592) and a bit of the finish (byte
     # 745) of the same message, whose body file the finish had let go. The repair's open

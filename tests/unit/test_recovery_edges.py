@@ -474,3 +474,114 @@ def test_an_acknowledgement_before_the_positions_is_known_and_removes_nothing(
         assert quick not in found.bodies_to_remove
     finally:
         sp.close()
+
+
+# --- an acknowledgement of an attempt still in flight: its finish was lost ------------------
+#
+# An outcome is acknowledged only once its finish is durable, so an acknowledgement of an
+# attempt recovery finds in flight proves a finish that damage took (a repair set it
+# aside): the attempt is settled, never decided again (the acknowledgement let its body
+# file go), and the pin its inline body held is released as the finish would have.
+
+
+def start_and_ack(spool_dir: str, clock: FakeClock, msg_id: str, named: Position) -> None:
+    """Append a start of ``msg_id`` from the envelope at ``named``, then an outcome
+    acknowledgement of it, with no finish between them."""
+    path = segment_path(spool_dir, newest_segment(spool_dir))
+    start = frame_of(rec.Start(msg_id, named, 0, clock()), path)
+    append_batch(path, start + frame_of(rec.Control(rec.OUTCOME_ACK, msg_id, clock()), path))
+
+
+def envelopes_in(spool_dir: str, segment: int) -> list[tuple[Position, rec.Envelope]]:
+    out = []
+    for pos, frame in frames_in(spool_dir, segment):
+        record = rec.decode(frame.type, frame.payload) if frame.type == fmt.T_ENVELOPE else None
+        if isinstance(record, rec.Envelope):
+            out.append((pos, record))
+    return out
+
+
+def test_an_acknowledged_attempt_is_settled_and_its_inline_body_unpinned(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    msg_id, other = accepted_spool(spool_dir, clock, 2)
+    envelope, _body = envelope_at(spool_dir, 1, msg_id)
+    start_and_ack(spool_dir, clock, msg_id, envelope)
+    found = recover_dry(spool_dir, clock)
+    assert (found.working_at, found.to_write) == ([], [])
+    assert found.body_refs == {1: 1}  # the other message's body alone
+    assert msg_id not in found.outcome_acked  # its finish will never be met to forget it
+    with Spool.open(spool_dir, clock=clock) as sp:
+        assert [e.msg_id for e in sp.list()] == [other]
+
+
+def test_an_acknowledged_attempt_from_a_replacement_unpins_its_first_envelopes_body(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    with Spool.open(spool_dir, clock=clock) as sp:
+        msg_id = sp.accept("a@example.org", ["b@example.net"], b"hello")
+        with sp.claim() as attempt:
+            assert attempt is not None
+            attempt.deferred(["b@example.net"], "451 4.3.0 later")
+    replacements = [pos for pos, env in envelopes_in(spool_dir, 1) if env.supersedes]
+    assert len(replacements) == 1
+    assert recover_dry(spool_dir, clock).body_refs == {1: 1}
+    start_and_ack(spool_dir, clock, msg_id, replacements[0])
+    assert recover_dry(spool_dir, clock).body_refs == {}
+
+
+def test_an_acknowledged_attempt_that_started_before_the_positions_keeps_the_pin(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    # Its finish may lie before the positions, whose counts would then have released the
+    # pin already: released again, it could let another message's body segment go.
+    (msg_id,) = accepted_spool(spool_dir, clock)
+    envelope, _body = envelope_at(spool_dir, 1, msg_id)
+    path = segment_path(spool_dir, 1)
+    at = append_batch(path, frame_of(rec.Start(msg_id, envelope, 0, clock()), path))
+    positions = load_positions(FS, spool_dir)
+    assert positions is not None
+    end = Position(1, os.path.getsize(path))
+    scan_from = Position(1, at)
+    store_positions(FS, spool_dir, attrs.evolve(positions, consistent=end, working_start=scan_from))
+    append_batch(path, frame_of(rec.Control(rec.OUTCOME_ACK, msg_id, clock()), path))
+    found = recover_dry(spool_dir, clock)
+    assert (found.working_at, found.to_write) == ([], [])
+    assert found.body_refs == {1: 1}
+
+
+def test_an_acknowledged_attempt_whose_envelope_segment_is_gone_is_settled(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    (msg_id,) = accepted_spool(spool_dir, clock)
+    envelope, _body = envelope_at(spool_dir, 1, msg_id)
+    create_segment(spool_dir, 2)
+    start_and_ack(spool_dir, clock, msg_id, envelope)
+    os.unlink(segment_path(spool_dir, 1))
+    os.unlink(os.path.join(spool_dir, fmt.POSITIONS_NAME))
+    found = recover_dry(spool_dir, clock)
+    assert (found.working_at, found.to_write, found.body_refs) == ([], [], {})
+
+
+def test_an_acknowledged_attempt_named_no_envelope_is_settled_without_a_pin_released(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    (msg_id,) = accepted_spool(spool_dir, clock)
+    _envelope, body = envelope_at(spool_dir, 1, msg_id)
+    start_and_ack(spool_dir, clock, msg_id, body)  # its BODY frame: no record at all
+    found = recover_dry(spool_dir, clock)
+    assert (found.working_at, found.to_write, found.body_refs) == ([], [], {1: 1})
+
+
+def test_an_acknowledged_attempt_with_a_body_file_releases_no_pin(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    with Spool.open(spool_dir, clock=clock, inline_body_max=100) as sp:
+        msg_id = sp.accept("a@example.org", ["b@example.net"], b"f" * 500)
+        small = sp.accept("a@example.org", ["c@example.net"], b"hello")
+    envelope = next(pos for pos, env in envelopes_in(spool_dir, 1) if env.msg_id == msg_id)
+    start_and_ack(spool_dir, clock, msg_id, envelope)
+    found = recover_dry(spool_dir, clock)
+    assert (found.working_at, found.to_write, found.body_refs) == ([], [], {1: 1})
+    assert msg_id in found.bodies_to_remove  # the acknowledgement let it go
+    assert small not in found.bodies_to_remove
