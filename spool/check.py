@@ -1543,7 +1543,10 @@ def _settle_one(sp: Spool, a: Affected) -> str:
         if a.verdict is Verdict.ENVELOPE_DAMAGED_IN_FLIGHT:
             return f"its envelope was damaged at {a.region} while in flight: {a.detail}"
         if a.verdict is Verdict.FINISH_LOST:
-            return f"finish lost at {a.region}: {a.detail}; nothing to settle"
+            if a.queued_on is None:
+                return f"finish lost at {a.region}: {a.detail}; nothing to settle"
+            sp._desk.finish_acknowledged(a.msg_id, a.queued_on)
+            return f"finish lost at {a.region}, its start too: {a.detail}; finished again"
         if a.verdict is Verdict.BODY_LOST:
             reply = _body_lost_reply(sp, a)
             sp.bounce(a.msg_id, reply)  # failed, not deleted: the sender must be told

@@ -1425,6 +1425,8 @@ class Affected:
     live: bool  # still queued (an envelope or an attempt that nothing settled)
     held: bool = False
     detail: str = ""
+    # FINISH_LOST of a message that looks queued on this envelope: the repair finishes it.
+    queued_on: Position | None = None
 
 
 @attrs.define
@@ -1481,6 +1483,9 @@ class Assessment:
         # Messages live here that an outcome acknowledgement showed finished (its finish
         # was lost), with the damage that held the finish where one is known.
         self.finish_lost: dict[str, Region] = {}
+        # Those of them that looked queued (their start lost too), by the envelope they
+        # were queued on: the repair writes their finish, which releases their body.
+        self.finish_envelopes: dict[str, Position] = {}
         # Every message an intact record names (an id that only damage holds is a message
         # whose records were all lost: check.py names it).
         self.seen: set[str] = set()
@@ -1643,21 +1648,28 @@ class Assessment:
                 self.suspects.setdefault(record.msg_id, self.regions[-1])
         elif isinstance(record, rec.Finish):
             self._finished(record.msg_id)
+            self.finish_envelopes.pop(record.msg_id, None)  # (R6's, or a repair's: done)
             if record.body.kind == rec.BODY_FILE:
                 self.awaiting_ack.add(record.msg_id)
         elif isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
             self.awaiting_ack.discard(record.target)
-            if record.target in self.live:
+            target = record.target
+            if target in self.live or target in self.lost_envelopes_of:
                 # An acknowledgement is written only for an outcome handed out, and that
                 # only once its finish is durable (outcome_desk.py): the finish was before
-                # it, and is lost. Recovery settles the attempt from the acknowledgement
-                # (it must not decide it again: the acknowledgement let the body file go).
-                target = record.target
+                # it, and is lost. Recovery finishes an attempt in flight again (R6: not
+                # decided again, the acknowledgement let the body file go); a message that
+                # looks queued (its start lost too) is finished by the repair; one whose
+                # only envelope was damaged is not restored.
                 region = (
                     self.suspects.get(target)
                     or self.lost_envelopes.get(target)
+                    or self.lost_envelopes_of.get(target)
                     or next((r for r in self.regions if r.lost_target == target), None)
                 )
+                state = self.live.get(target)
+                if state is not None and not state.started and state.envelope_at is not None:
+                    self.finish_envelopes[target] = state.envelope_at
                 self._finished(target)
                 if region is not None:
                     self.finish_lost[target] = region
@@ -1783,7 +1795,10 @@ class Assessment:
                 )
         for msg_id, region in self.finish_lost.items():
             detail = "its outcome was acknowledged later, so it had finished"
-            out.append(Affected(msg_id, Verdict.FINISH_LOST, region, False, False, detail))
+            queued_on = self.finish_envelopes.get(msg_id)
+            out.append(
+                Affected(msg_id, Verdict.FINISH_LOST, region, False, False, detail, queued_on)
+            )
         for msg_id, region in self.lost_envelopes_of.items():
             flying = self.live.get(msg_id)
             if msg_id in self.lone_bodies:

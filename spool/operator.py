@@ -30,7 +30,7 @@ from spool.errors import CorruptSpool, SpoolMisuse, UnknownMessage
 from spool.queue_view import QueueEntry, live_messages
 from spool.reader import read_frame_at
 from spool.records import Position
-from spool.recovery import resolve_body
+from spool.recovery import FINISH_LOST_REASON, resolve_body
 from spool.scheduling import Scheduler, encode_checked
 from spool.state import SpoolState
 
@@ -389,6 +389,36 @@ class OperatorDesk:
             _, end = self.scheduler.append(parts, None)
         # (W) A crash before this returns loses the note or keeps it; the repair's flag
         # keeps the spool for the repair's rerun, which notes again what is not noted.
+        state.writer.wait_durable(end)
+
+    def finish_acknowledged(self, msg_id: str, envelope_at: Position) -> None:
+        """Append again the finish of ``msg_id``, which the log shows queued on the
+        envelope at ``envelope_at`` though an acknowledgement of its outcome follows: its
+        start and finish were lost to damage (the queued form of R6, which recovery cannot
+        see). It releases the message's body as the lost finish did: an inline body's pin
+        (replayed by every later scan). No outcome is handed out for it (the reader counts
+        it acknowledged). For ``spool check --repair`` only, after its ``used-up`` note
+        passed the envelope. Durable on return."""
+        state = self.state
+        state.check_process()
+        state.check_open()
+        with state.lock:
+            state.check_open()
+            env, size = self._read_envelope(envelope_at)
+            if env.msg_id != msg_id:
+                path = os.path.join(state.log_dir, fmt.segment_name(envelope_at.segment))
+                raise CorruptSpool(path, envelope_at.offset, f"not an envelope of {msg_id}")
+            body = resolve_body(env, envelope_at, size)
+            finish = rec.Finish(
+                msg_id, state.now(), body, (), FINISH_LOST_REASON, env.sender, env.accepted_at
+            )
+            part = encode_checked(finish)
+            self.scheduler.superseded.add(envelope_at)
+            _, end = self.scheduler.append([part], None)
+            self.bodies.finished(finish, end, body)
+        # (W) A crash before this is durable leaves the message as the note left it (used
+        # up, its finish missing); the repair's flag keeps the spool for its rerun, which
+        # names it again and writes the finish.
         state.writer.wait_durable(end)
 
     def restore_envelope(

@@ -109,6 +109,9 @@ def decide(settled: bool, envelope_lost: bool, remaining: bool, crash_loop: bool
 
 ENVELOPE_LOST_REASON = "envelope lost to disk damage"
 BODY_LOST_REASON = "message data lost to disk damage"
+# R6: the finish of a message whose outcome was acknowledged, written again (the first was
+# lost to damage). Nothing is handed out for it: its outcome was acknowledged once.
+FINISH_LOST_REASON = "finish lost to disk damage; its outcome had been acknowledged"
 # The hold reason of the crash-loop breaker (R3; also a worker that died in an attempt).
 CRASH_LOOP_HOLD: Final = "crash loop: in flight at {crashes} crashes"
 RESTORED_HOLD = (
@@ -150,6 +153,9 @@ class _Working:
     # a hold reason, and the (status, reply) that ends the rest for a delete or bounce.
     hold: str | None = None
     ending: tuple[str, str] | None = None
+    # An outcome acknowledgement of the message follows its start and nothing settled it:
+    # its finish was lost to damage (R6).
+    acknowledged: bool = False
 
 
 @attrs.define
@@ -255,7 +261,6 @@ def recover(
     # it was on (an open that turns it on writes positions before any finish of its own).
     tracked = options.outcomes and (loaded is None or bool(loaded.settings.get("outcomes", True)))
     dead_bodies: list[str] = []
-    finished_unseen: list[tuple[str, _Working]] = []  # settled by an acknowledgement alone
     # Messages a scanned envelope gives a body file, and those whose files the positions
     # say stay in incoming/ past them (``Checkpointer._settle_staged``): never leftovers.
     named_files: set[str] = set(loaded.unsettled) if loaded else set()
@@ -295,16 +300,13 @@ def recover(
                 # (With outcome tracking a finish may name a copy made as it finished.)
                 named_files.add(record.msg_id)
             if isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
+                acked.add(record.target)
                 flying = working.get(record.target)
                 if flying is not None and not flying.settled:
                     # An acknowledgement follows only a durable finish (outcome_desk.py):
-                    # this attempt's finish was lost to damage a repair set aside. It is
-                    # settled (its outcome was handed out, its body file goes below), and
-                    # the reader will never meet that finish to forget the id by.
-                    flying.settled = True
-                    finished_unseen.append((record.target, flying))
-                else:
-                    acked.add(record.target)
+                    # this attempt's finish was lost to damage a repair set aside (R6). A
+                    # finish that recovery wrote for it since comes later and settles it.
+                    flying.acknowledged = True
                 if after:
                     # With outcome tracking a body file lives until its outcome is
                     # acknowledged (outcomes.py); a crash may have kept it past that.
@@ -331,10 +333,6 @@ def recover(
         _cut_torn_tail(fs, root, log_dir, torn.at)
     if not dry_run:
         _make_durable(fs, root, [s for s in segments if s >= start.segment])
-    for msg_id, w in finished_unseen:
-        _release_unseen_finish_pin(
-            fs, log_dir, msg_id, w, consistent, segments[0], damaged, body_refs
-        )
     # Pins of segments already deleted (a full scan replays finishes of messages whose
     # bodies went with them) mean nothing: keep only live segments with live bodies.
     body_refs = {seg: n for seg, n in body_refs.items() if seg >= segments[0] and n > 0}
@@ -616,6 +614,9 @@ def _decide_all(
     for msg_id, w in sorted(working.items(), key=lambda kv: kv[1].start_at):
         if w.settled:
             continue
+        if w.acknowledged:
+            out.append(_finish_acknowledged(fs, log_dir, msg_id, w, damaged, first_segment, now))
+            continue
         retired = w.envelope_at.segment < first_segment
         marked_after = any(at > w.start_at for at, _size in damaged)
         gone = _in_damaged(w.envelope_at, damaged) or (retired and marked_after)
@@ -735,6 +736,39 @@ def _finish_lost(msg_id: str, w: _Working, now: float) -> rec.Finish:
     return rec.Finish(msg_id, now, rec.BodyRef(rec.BODY_FILE, 0), outcomes, ENVELOPE_LOST_REASON)
 
 
+def _finish_acknowledged(
+    fs: FileSystem,
+    log_dir: str,
+    msg_id: str,
+    w: _Working,
+    damaged: list[tuple[Position, int]],
+    first_segment: int,
+    now: float,
+) -> rec.Finish:
+    """R6's finish: its outcome was handed out and acknowledged, so its recipients were
+    all settled; the finish that said so was lost. Written again with no outcomes (nothing
+    is handed out for it) and the body the message had, so that it releases that body as
+    the lost one did (an inline body's pin: ``_apply``, ``AttemptBook.append_recovered``).
+    A body past reading (its envelope set aside, or gone with its segment) is named as
+    none, as R5 names it: nothing pins it then."""
+    at = w.envelope_at
+    if at.segment < first_segment or _in_damaged(at, damaged):
+        return rec.Finish(msg_id, now, rec.BodyRef(rec.BODY_FILE, 0), (), FINISH_LOST_REASON)
+    frame = read_frame_at(fs, log_dir, at)
+    path = os.path.join(log_dir, fmt.segment_name(at.segment))
+    env = (
+        rec.decode_stored(frame.type, frame.payload, path, at.offset)
+        if frame.type == fmt.T_ENVELOPE
+        else None
+    )
+    if not isinstance(env, rec.Envelope) or env.msg_id != msg_id:
+        raise CorruptSpool(path, at.offset, f"start of {msg_id} names no envelope")
+    # (An inline body in a segment retired since, which a promotion set aside as damage
+    # had released, holds no pin: releasing it again counts nothing, ``unpin_body``.)
+    body = resolve_body(env, at, frame.size)
+    return rec.Finish(msg_id, now, body, (), FINISH_LOST_REASON, env.sender, env.accepted_at)
+
+
 def kept_envelope(fs: FileSystem, root: str, msg_id: str, at: Position) -> rec.Envelope | None:
     """The envelope of ``msg_id`` that a repair's ``damaged`` marker at ``at`` stands for,
     as it still decodes in the copy of the damaged segment the repair kept (the marker
@@ -773,47 +807,6 @@ def _promoted_copy(
     except CorruptSpool:
         return None  # missing or damaged: the data is lost
     return rec.BodyRef(rec.BODY_FILE, inline.size) if len(data) == inline.size else None
-
-
-def _release_unseen_finish_pin(
-    fs: FileSystem,
-    log_dir: str,
-    msg_id: str,
-    w: _Working,
-    consistent: Position,
-    first_segment: int,
-    damaged: list[tuple[Position, int]],
-    body_refs: dict[int, int],
-) -> None:
-    """Release the pin of an inline body that a lost finish released (``_apply``), for a
-    message settled by its outcome acknowledgement alone. Only a finish after
-    ``consistent`` is replayed (its attempt started there): one before it is in the
-    positions' counts already, or not, which cannot be told, so that pin stays (a segment
-    kept longer, never a live body's segment deleted). The body is inline if the envelope
-    the attempt started from says so, and counted if that envelope and those it follows
-    back to the first are all readable: a first envelope set aside as damage pinned
-    nothing. A body already in a file (promoted) has no pin."""
-    if w.start_at < consistent:
-        return
-    at = w.envelope_at
-    while at.segment >= first_segment and not _in_damaged(at, damaged):
-        frame = read_frame_at(fs, log_dir, at)
-        if frame.type != fmt.T_ENVELOPE:
-            return
-        path = os.path.join(log_dir, fmt.segment_name(at.segment))
-        env = rec.decode_stored(frame.type, frame.payload, path, at.offset)
-        if not (
-            isinstance(env, rec.Envelope)
-            and env.msg_id == msg_id
-            and env.body.kind == rec.BODY_INLINE
-        ):
-            return
-        if env.supersedes is None:
-            body = resolve_body(env, at, frame.size)
-            assert body.at is not None, "resolve_body resolves an inline body"
-            unpin_body(body_refs, body.at.segment)
-            return
-        at = env.supersedes
 
 
 def _in_damaged(at: Position, damaged: list[tuple[Position, int]]) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from spool import Spool
 from spool import records as rec
 from spool.check import check_spool, repair_spool
@@ -52,76 +54,117 @@ def record_of(root: Path, kind: type, msg_id: str) -> Any:
     return found
 
 
-def damage_records(root: Path, msg_id: str, *kinds: type) -> None:
-    """A burst in each record of ``msg_id`` of the given kinds (found before any is hit)."""
+def damage_records(root: Path, msg_id: str, kinds: tuple[type, ...], where: str = "end") -> None:
+    """A burst of four bytes in each record of ``msg_id`` of the given kinds (all found
+    before any is hit): over its CRC field (the payload still decodes, so the record is
+    identified), its middle, or near its end (its reply or reason text). More than a
+    flipped bit, which the repair would set right."""
     hit = [record_of(root, kind, msg_id) for kind in kinds]
     for pos, _record, frame in hit:
-        damage_payload(root, pos, frame)
+        at = pos.offset + {"crc": 0, "middle": frame.size // 2, "end": frame.size - 8}[where]
+        flip(root, *[(at + i, 0xA5) for i in range(4)], segment=pos.segment)
 
 
-def damage_payload(root: Path, pos: Any, frame: Any, back: int = 8) -> None:
-    """A burst over four bytes of a record's payload, ``back`` bytes before its end (its
-    reply or reason text): more than a flipped bit, which the repair would set right."""
-    at = pos.offset + frame.size - back
-    flip(root, *[(at + i, 0xA5) for i in range(4)], segment=pos.segment)
+def finishes_of(root: Path, msg_id: str) -> int:
+    return sum(isinstance(r, rec.Finish) and r.msg_id == msg_id for _p, r, _f in records(root))
 
 
-def test_a_damaged_finish_of_an_acknowledged_message_is_named_not_queued_again(
-    tmp_path: Path,
-) -> None:
-    root = tmp_path / "spool"
-    m = finished_and_acknowledged(root, b"m" * 500, deliver=False)  # a body file
-    # Its finish and the delta that failed its recipients: decided again from what is
-    # left, it would go back to the queue without the body file its acknowledgement let go.
-    damage_records(root, m, rec.Delta, rec.Finish)
-    before = check_spool(str(root))
-    assert not before.clean
-    assert {(a.msg_id, a.verdict) for a in before.affected} == {(m, Verdict.FINISH_LOST)}
+def repaired_once_and_for_all(root: Path) -> dict[str, str]:
+    """Repair; the spool is clean after it, and a second repair writes no record more.
+    Returns the first repair's fates."""
     report = repair_spool(str(root))
     assert report.after.clean, report.after.problems
-    fate = dict(report.fates)[m]
-    assert fate.startswith("finish lost at ") and "nothing to settle" in fate
+    count = len(records(root))
+    again = repair_spool(str(root))
+    assert again.after.clean and len(records(root)) == count
+    return dict(report.fates)
+
+
+def pins_after_a_checkpoint(root: Path) -> dict[int, int]:
+    with Spool.open(root, clock=FakeClock(T0 + 10), outcomes=True, **OPTS) as sp:
+        sp.checkpoint()
+    positions = load_positions(FileSystem(), str(root))
+    assert positions is not None
+    return dict(positions.body_refs)
+
+
+def nothing_comes_back(root: Path, m: str) -> None:
+    """``m`` is neither listed, nor handed out, nor given out as an outcome again."""
     with Spool.open(root, clock=FakeClock(T0 + 10), outcomes=True, **OPTS) as sp:
         assert m not in {e.msg_id for e in sp.list()}
-        assert sp.next_outcome(timeout=0) is None  # its outcome was acknowledged once
+        outcome = sp.next_outcome(timeout=0)
+        assert outcome is None or outcome.msg_id != m
     assert m not in claimed_later(root)
     assert check_spool(str(root)).clean
 
 
-def test_an_acknowledged_message_whose_start_and_finish_were_damaged_is_not_handed_out(
+@pytest.mark.parametrize("where", ["end", "middle", "crc"])
+def test_a_damaged_finish_of_an_acknowledged_message_in_flight_is_finished_again(
+    tmp_path: Path, where: str
+) -> None:
+    # Its finish and the delta that failed its recipients: decided again from what is
+    # left, it would go back to the queue without the body file its acknowledgement let go.
+    root = tmp_path / "spool"
+    m = finished_and_acknowledged(root, b"m" * 500, deliver=False)  # a body file
+    damage_records(root, m, (rec.Delta, rec.Finish), where)
+    before = check_spool(str(root))
+    assert not before.clean
+    assert {(a.msg_id, a.verdict) for a in before.affected} == {(m, Verdict.FINISH_LOST)}
+    fate = repaired_once_and_for_all(root)[m]
+    assert fate.startswith("finish lost at ") and "nothing to settle" in fate
+    assert finishes_of(root, m) == 1  # recovery's (R6)
+    nothing_comes_back(root, m)
+
+
+@pytest.mark.parametrize("where", ["end", "middle", "crc"])
+@pytest.mark.parametrize("size", [40, 500])
+def test_an_acknowledged_message_whose_start_and_finish_were_damaged_is_finished_by_the_repair(
+    tmp_path: Path, where: str, size: int
+) -> None:
+    # A start that still decodes is identified, and its marker stands for it: recovery
+    # finishes the attempt again (R6). One past reading leaves the message looking queued
+    # on its envelope: the repair notes the envelope used up and writes its finish again.
+    # Either finish releases its body (an inline one's pin on segment 1: without it the
+    # segment, and every one after it, would be kept for ever).
+    root = tmp_path / "spool"
+    m = finished_and_acknowledged(root, b"m" * size)
+    damage_records(root, m, (rec.Start, rec.Finish), where)
+    assert not check_spool(str(root)).clean
+    fate = repaired_once_and_for_all(root)[m]
+    done = "finished again" if where == "middle" else "nothing to settle"
+    assert fate.startswith("finish lost at ") and done in fate, fate
+    assert finishes_of(root, m) == 1
+    nothing_comes_back(root, m)
+    assert 1 not in pins_after_a_checkpoint(root) or size > OPTS["inline_body_max"]
+
+
+def test_an_acknowledged_message_whose_envelope_start_and_finish_were_damaged_is_not_restored(
     tmp_path: Path,
 ) -> None:
-    # It would look queued on its envelope: the repair notes the envelope used up.
+    # Each record still decodes (the bursts hit the CRC fields): the damaged envelope
+    # would be restored, held, with both delivered recipients pending.
     root = tmp_path / "spool"
-    m = finished_and_acknowledged(root, b"m" * 500)
-    damage_records(root, m, rec.Start, rec.Finish)
-    assert not check_spool(str(root)).clean
-    report = repair_spool(str(root))
-    assert report.after.clean, report.after.problems
-    assert m in dict(report.fates)
-    assert m not in claimed_later(root)
-    with Spool.open(root, clock=FakeClock(T0 + 10), outcomes=True, **OPTS) as sp:
-        assert m not in {e.msg_id for e in sp.list()}
+    m = finished_and_acknowledged(root, b"m" * 40)
+    damage_records(root, m, (rec.Envelope, rec.Start, rec.Finish), "crc")
+    before = check_spool(str(root))
+    assert {(a.msg_id, a.verdict) for a in before.affected} == {(m, Verdict.FINISH_LOST)}
+    repaired_once_and_for_all(root)
+    nothing_comes_back(root, m)
 
 
 def test_the_inline_body_of_an_acknowledged_message_whose_finish_was_lost_frees_its_segment(
     tmp_path: Path,
 ) -> None:
     # The lost finish would have released the pin its inline body holds on segment 1:
-    # recovery releases it from the acknowledgement, or the segment is kept for ever (and
-    # every segment after it with it).
+    # recovery's finish (R6) does, or the segment is kept for ever (and every segment
+    # after it with it).
     root = tmp_path / "spool"
     m = finished_and_acknowledged(root, b"i" * 40)  # inline: within inline_body_max
     env_pos, env, _frame = record_of(root, rec.Envelope, m)
     assert env.body.kind == rec.BODY_INLINE
-    damage_records(root, m, rec.Delta, rec.Finish)
-    report = repair_spool(str(root))
-    assert report.after.clean, report.after.problems
-    with Spool.open(root, clock=FakeClock(T0 + 10), outcomes=True, **OPTS) as sp:
-        sp.checkpoint()
-    positions = load_positions(FileSystem(), str(root))
-    assert positions is not None
-    assert env_pos.segment not in positions.body_refs, positions.body_refs
+    damage_records(root, m, (rec.Delta, rec.Finish))
+    repaired_once_and_for_all(root)
+    assert env_pos.segment not in pins_after_a_checkpoint(root)
 
 
 def test_a_lost_finish_with_no_acknowledgement_is_still_decided_again(tmp_path: Path) -> None:
@@ -136,8 +179,7 @@ def test_a_lost_finish_with_no_acknowledgement_is_still_decided_again(tmp_path: 
         with attempt:
             attempt.delivered(["bob@x.net", "carol@x.net"], "250 2.0.0 ok")
         sp.accept("alice@x.org", ["dave@x.net"], b"n" * 500)
-    pos, _finish, frame = record_of(root, rec.Finish, m)
-    damage_payload(root, pos, frame)
+    damage_records(root, m, (rec.Finish,))
     assert all(a.verdict is not Verdict.FINISH_LOST for a in check_spool(str(root)).affected)
     report = repair_spool(str(root))
     assert report.after.clean, report.after.problems

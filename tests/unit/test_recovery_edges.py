@@ -27,7 +27,7 @@ from spool.options import SpoolOptions, store_settings
 from spool.positions import load_positions, store_positions
 from spool.reader import LogCursor, SkippedBody
 from spool.records import Position
-from spool.recovery import RecoveredState, _incoming_files, recover
+from spool.recovery import FINISH_LOST_REASON, RecoveredState, _incoming_files, recover
 from spool.segment_header import segment_header, segment_salt
 from spool.testing import FakeClock
 
@@ -480,8 +480,9 @@ def test_an_acknowledgement_before_the_positions_is_known_and_removes_nothing(
 #
 # An outcome is acknowledged only once its finish is durable, so an acknowledgement of an
 # attempt recovery finds in flight proves a finish that damage took (a repair set it
-# aside): the attempt is settled, never decided again (the acknowledgement let its body
-# file go), and the pin its inline body held is released as the finish would have.
+# aside): the attempt is not decided again (the acknowledgement let its body file go) but
+# finished again (R6), with no outcomes and the body it had, which that finish releases
+# (an inline body's pin) as the lost one did.
 
 
 def start_and_ack(spool_dir: str, clock: FakeClock, msg_id: str, named: Position) -> None:
@@ -501,21 +502,36 @@ def envelopes_in(spool_dir: str, segment: int) -> list[tuple[Position, rec.Envel
     return out
 
 
-def test_an_acknowledged_attempt_is_settled_and_its_inline_body_unpinned(
+def pins_after_open(spool_dir: str, clock: FakeClock) -> dict[int, int]:
+    """The body pins the positions hold after an open and a checkpoint."""
+    with Spool.open(spool_dir, clock=clock) as sp:
+        sp.checkpoint()
+    positions = load_positions(FS, spool_dir)
+    assert positions is not None
+    return dict(positions.body_refs)
+
+
+def test_an_acknowledged_attempt_is_finished_again_releasing_its_inline_body(
     spool_dir: str, clock: FakeClock
 ) -> None:
     msg_id, other = accepted_spool(spool_dir, clock, 2)
-    envelope, _body = envelope_at(spool_dir, 1, msg_id)
+    envelope, body = envelope_at(spool_dir, 1, msg_id)
     start_and_ack(spool_dir, clock, msg_id, envelope)
     found = recover_dry(spool_dir, clock)
-    assert (found.working_at, found.to_write) == ([], [])
-    assert found.body_refs == {1: 1}  # the other message's body alone
-    assert msg_id not in found.outcome_acked  # its finish will never be met to forget it
+    (finish,) = found.to_write
+    assert isinstance(finish, rec.Finish) and finish.reason == FINISH_LOST_REASON
+    assert (finish.msg_id, finish.outcomes, finish.body.at) == (msg_id, (), body)
+    assert msg_id in found.outcome_acked  # the reader skips that finish: acknowledged
+    assert pins_after_open(spool_dir, clock) == {1: 1}  # the other message's body alone
+    assert recover_dry(spool_dir, clock).to_write == []  # written once
     with Spool.open(spool_dir, clock=clock) as sp:
         assert [e.msg_id for e in sp.list()] == [other]
+    os.unlink(os.path.join(spool_dir, fmt.POSITIONS_NAME))  # a full scan replays it
+    found = recover_dry(spool_dir, clock)
+    assert (found.to_write, found.body_refs) == ([], {1: 1})
 
 
-def test_an_acknowledged_attempt_from_a_replacement_unpins_its_first_envelopes_body(
+def test_an_acknowledged_attempt_from_a_replacement_releases_its_first_envelopes_body(
     spool_dir: str, clock: FakeClock
 ) -> None:
     with Spool.open(spool_dir, clock=clock) as sp:
@@ -523,18 +539,17 @@ def test_an_acknowledged_attempt_from_a_replacement_unpins_its_first_envelopes_b
         with sp.claim() as attempt:
             assert attempt is not None
             attempt.deferred(["b@example.net"], "451 4.3.0 later")
-    replacements = [pos for pos, env in envelopes_in(spool_dir, 1) if env.supersedes]
-    assert len(replacements) == 1
+    (replacement,) = [pos for pos, env in envelopes_in(spool_dir, 1) if env.supersedes]
+    start_and_ack(spool_dir, clock, msg_id, replacement)
     assert recover_dry(spool_dir, clock).body_refs == {1: 1}
-    start_and_ack(spool_dir, clock, msg_id, replacements[0])
-    assert recover_dry(spool_dir, clock).body_refs == {}
+    assert pins_after_open(spool_dir, clock) == {}
 
 
-def test_an_acknowledged_attempt_that_started_before_the_positions_keeps_the_pin(
+def test_an_acknowledged_attempt_that_started_before_the_positions_releases_its_pin(
     spool_dir: str, clock: FakeClock
 ) -> None:
-    # Its finish may lie before the positions, whose counts would then have released the
-    # pin already: released again, it could let another message's body segment go.
+    # The positions count the pin (nothing released it before them): the finish recovery
+    # writes does, once.
     (msg_id,) = accepted_spool(spool_dir, clock)
     envelope, _body = envelope_at(spool_dir, 1, msg_id)
     path = segment_path(spool_dir, 1)
@@ -546,11 +561,12 @@ def test_an_acknowledged_attempt_that_started_before_the_positions_keeps_the_pin
     store_positions(FS, spool_dir, attrs.evolve(positions, consistent=end, working_start=scan_from))
     append_batch(path, frame_of(rec.Control(rec.OUTCOME_ACK, msg_id, clock()), path))
     found = recover_dry(spool_dir, clock)
-    assert (found.working_at, found.to_write) == ([], [])
+    assert [type(r) for r in found.to_write] == [rec.Finish]
     assert found.body_refs == {1: 1}
+    assert pins_after_open(spool_dir, clock) == {}
 
 
-def test_an_acknowledged_attempt_whose_envelope_segment_is_gone_is_settled(
+def test_an_acknowledged_attempt_whose_envelope_segment_is_gone_is_finished_without_a_body(
     spool_dir: str, clock: FakeClock
 ) -> None:
     (msg_id,) = accepted_spool(spool_dir, clock)
@@ -560,20 +576,32 @@ def test_an_acknowledged_attempt_whose_envelope_segment_is_gone_is_settled(
     os.unlink(segment_path(spool_dir, 1))
     os.unlink(os.path.join(spool_dir, fmt.POSITIONS_NAME))
     found = recover_dry(spool_dir, clock)
-    assert (found.working_at, found.to_write, found.body_refs) == ([], [], {})
+    (finish,) = found.to_write
+    assert isinstance(finish, rec.Finish) and finish.body == rec.BodyRef(rec.BODY_FILE, 0)
+    assert found.body_refs == {}
 
 
-def test_an_acknowledged_attempt_named_no_envelope_is_settled_without_a_pin_released(
+def test_an_acknowledged_attempt_whose_start_names_no_envelope_is_corrupt(
     spool_dir: str, clock: FakeClock
 ) -> None:
     (msg_id,) = accepted_spool(spool_dir, clock)
     _envelope, body = envelope_at(spool_dir, 1, msg_id)
     start_and_ack(spool_dir, clock, msg_id, body)  # its BODY frame: no record at all
-    found = recover_dry(spool_dir, clock)
-    assert (found.working_at, found.to_write, found.body_refs) == ([], [], {1: 1})
+    path = segment_path(spool_dir, 1)
+    assert_corrupt_at(spool_dir, clock, path, body.offset, f"start of {msg_id} names no")
 
 
-def test_an_acknowledged_attempt_with_a_body_file_releases_no_pin(
+def test_an_acknowledged_attempt_whose_start_names_another_envelope_is_corrupt(
+    spool_dir: str, clock: FakeClock
+) -> None:
+    msg_id, other = accepted_spool(spool_dir, clock, 2)
+    envelope, _body = envelope_at(spool_dir, 1, other)
+    start_and_ack(spool_dir, clock, msg_id, envelope)
+    path = segment_path(spool_dir, 1)
+    assert_corrupt_at(spool_dir, clock, path, envelope.offset, f"start of {msg_id} names no")
+
+
+def test_an_acknowledged_attempt_with_a_body_file_is_finished_naming_it(
     spool_dir: str, clock: FakeClock
 ) -> None:
     with Spool.open(spool_dir, clock=clock, inline_body_max=100) as sp:
@@ -582,6 +610,11 @@ def test_an_acknowledged_attempt_with_a_body_file_releases_no_pin(
     envelope = next(pos for pos, env in envelopes_in(spool_dir, 1) if env.msg_id == msg_id)
     start_and_ack(spool_dir, clock, msg_id, envelope)
     found = recover_dry(spool_dir, clock)
-    assert (found.working_at, found.to_write, found.body_refs) == ([], [], {1: 1})
+    (finish,) = found.to_write
+    assert isinstance(finish, rec.Finish) and finish.body == rec.BodyRef(rec.BODY_FILE, 500)
+    assert found.body_refs == {1: 1}
     assert msg_id in found.bodies_to_remove  # the acknowledgement let it go
     assert small not in found.bodies_to_remove
+    with Spool.open(spool_dir, clock=clock, inline_body_max=100) as sp:
+        assert [e.msg_id for e in sp.list()] == [small]
+    assert not os.path.exists(os.path.join(spool_dir, fmt.BODY_DIR, msg_id))
