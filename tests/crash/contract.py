@@ -27,6 +27,7 @@ message it names with an acknowledged recipient pending.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import attrs
 
@@ -39,6 +40,7 @@ from spool.damage import UNKNOWN_CHAR, fits_any
 from spool.framing import Frame, parse_frame
 from spool.fs import FileSystem
 from spool.options import load_settings
+from spool.positions import load_positions
 from spool.queue_view import walk
 from spool.reader import read_frame_at
 from spool.records import Position
@@ -273,6 +275,12 @@ class RepairedObservation:
     lost_body_endings: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
+# The pin oracle (``pin_mismatches``) on every repaired state, after its more work: off
+# unless SPOOL_CRASH_PIN_ORACLE is set, while the pin class it finds is open
+# (tests/contract/test_repair_pins.py, docs/reliability.md).
+PIN_ORACLE = bool(os.environ.get("SPOOL_CRASH_PIN_ORACLE"))
+
+
 def observe_repaired(root: str) -> RepairedObservation:
     """Repair, observe (open, list, check, reopen, claim), then deliver everything due in
     a third open and check once more: the repair must hold up under more work."""
@@ -293,6 +301,11 @@ def observe_repaired(root: str) -> RepairedObservation:
             deliver_all(sp)
         end = tuple(f"{p.path}:{p.offset}: {p.what}" for p in check_spool(root).problems)
         Spool.open(root, **TUNING).close()
+        if PIN_ORACLE:
+            end += tuple(
+                f"segment {seg} pinned {pinned} times, its live inline bodies need {needed}"
+                for seg, (pinned, needed) in pin_mismatches(root).items()
+            )
     except Exception as exc:
         end = (f"after more work: {type(exc).__name__}: {exc}",)
     return RepairedObservation(None, named, report.fates, after, obs, end, endings)
@@ -375,3 +388,34 @@ def frame_owner(data: bytes, offset: int) -> tuple[str, str]:
             return fmt.TYPE_NAMES[frame.type], target
         pos += frame.size
     return "unknown", ""
+
+
+def pin_mismatches(root: str) -> dict[int, tuple[int, int]]:
+    """Segments whose body pin in the restart positions differs from what the live mail
+    needs, as (pinned, needed): each live message whose envelope names an inline body
+    needs one pin on the segment that holds it (its finish or promotion releases it). An
+    undercount lets a checkpoint delete a live body's segment; an overcount keeps that
+    segment, and every one after it, for ever. Meant for a spool closed cleanly (its
+    positions written at the close, no attempt in flight)."""
+    fs = FileSystem()
+    positions = load_positions(fs, root)
+    pinned = {seg: n for seg, n in (positions.body_refs if positions else {}).items() if n}
+    bodies: dict[str, int] = {}
+    for pos, record, frame in walk(fs, root):
+        if isinstance(record, rec.Envelope):
+            assert frame is not None
+            body = resolve_body(record, pos, frame.size)
+            if body.kind == rec.BODY_INLINE and body.at is not None:
+                bodies[record.msg_id] = body.at.segment
+            else:
+                bodies.pop(record.msg_id, None)
+        elif isinstance(record, rec.Finish):
+            bodies.pop(record.msg_id, None)
+        elif isinstance(record, rec.Control) and record.action == rec.OUTCOME_ACK:
+            bodies.pop(record.target, None)  # (its finish was lost: R6 writes it again)
+    needed = Counter(bodies.values())
+    return {
+        seg: (pinned.get(seg, 0), needed.get(seg, 0))
+        for seg in sorted(set(pinned) | set(needed))
+        if pinned.get(seg, 0) != needed.get(seg, 0)
+    }

@@ -35,6 +35,7 @@ from crc32c import crc32c
 
 from spool import Spool
 from spool import format as fmt
+from spool import records as rec
 from spool.damage import _solve
 from spool.framing import Frame, parse_frame
 from spool.positions import decode_positions
@@ -518,7 +519,8 @@ def flip_durable_byte(
     after it (a tiny body, padding, another record); and one in sixteen a burst over a
     PAD frame's header (``_pad_header_burst``), the one layer that also damages bytes
     synced after the positions (``synced`` gives each segment's synced length); and one
-    in sixteen a burst over the segment header's salt and CRC (``_header_burst``)."""
+    in sixteen a burst over the segment header's salt and CRC (``_header_burst``); and one
+    in sixteen bursts over two or three records of one message (``_one_messages_records``)."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -603,6 +605,11 @@ def flip_durable_byte(
         if burst is not None:
             files[path], offsets = burst
             return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)
+    elif aim is not None and aimed < 0.6875:
+        hit = _one_messages_records(files[path], limit, aim)
+        if hit is not None:
+            offsets = hit
+            bits = [aim.randrange(8) for _ in offsets]
     data = bytearray(files[path])
     for at, bit in zip(offsets, bits, strict=True):
         data[at] ^= 1 << bit
@@ -693,6 +700,45 @@ def _frames(data: bytes, limit: int) -> list[tuple[int, int, int]]:
         found.append((pos, frame.type, frame.size))
         pos += frame.size
     return found
+
+
+def _one_messages_records(data: bytes, limit: int, aim: random.Random) -> list[int] | None:
+    """Offsets of a burst of four bytes over each of two or three record frames of one
+    message (its envelope, start, deltas, finish, an operator's action, its outcome's
+    acknowledgement), all at their CRC field (the payloads still decode), their middle,
+    or near their end; None if no message has two records before ``limit``. What the
+    reviews found repairs mishandle, a burst and a bit being too little: an acknowledged
+    message's start and finish (a pin kept for ever), or its envelope, start and finish
+    (restored held with its delivered recipients pending)."""
+    if len(data) < fmt.SEGMENT_HEADER_SIZE:
+        return None
+    salt = segment_salt(data)
+    frames: dict[str, list[tuple[int, int]]] = {}
+    pos = fmt.SEGMENT_HEADER_SIZE
+    while pos < limit:
+        frame = parse_frame(data, pos, salt)
+        if not isinstance(frame, Frame) or pos + frame.size > limit:
+            break
+        if frame.type not in (fmt.T_PAD, fmt.T_BODY):
+            try:
+                record = rec.decode(frame.type, frame.payload)
+            except rec.RecordError:
+                record = None
+            if record is not None:
+                owner = record.target if isinstance(record, rec.Control) else record.msg_id
+                frames.setdefault(owner, []).append((pos, frame.size))
+        pos += frame.size
+    owners = sorted(m for m, found in frames.items() if m and len(found) >= 2)
+    if not owners:
+        return None
+    mine = frames[aim.choice(owners)]
+    hit = sorted(aim.sample(mine, min(len(mine), aim.choice((2, 3)))))
+    where = aim.choice(("crc", "middle", "end"))
+    offsets: list[int] = []
+    for at, size in hit:
+        start = at + {"crc": 0, "middle": size // 2, "end": max(0, size - 8)}[where]
+        offsets += [o for o in range(start, start + 4) if o < min(at + size, limit)]
+    return offsets
 
 
 def _start_and_after(
