@@ -255,7 +255,7 @@ def recover(
     )
     working: dict[str, _Working] = {}
     superseded: set[Position] = set(positions.superseded) if positions else set()
-    body_refs: dict[int, int] = dict(positions.body_refs) if positions else {}
+    pins = _Pins(dict(positions.body_refs) if positions else {}, consistent)
     acked: set[str] = set(positions.outcome_acked) if positions else set()
     # Finishes after the positions were written with tracking on only if the positions say
     # it was on (an open that turns it on writes positions before any finish of its own).
@@ -280,7 +280,7 @@ def recover(
                     raise CorruptSpool(
                         cursor.path(env_at.segment), env_at.offset, "envelope without its body"
                     )
-                _apply(env, env_at, env_size, env_at >= consistent, working, superseded, body_refs)
+                _apply(env, env_at, env_size, env_at >= consistent, working, superseded, pins)
                 awaiting = None
                 continue
             if isinstance(frame, SkippedBody) or frame.type in (fmt.T_BODY, fmt.T_PAD):
@@ -293,7 +293,7 @@ def recover(
                 awaiting = (pos, record, frame.size)
                 continue
             after = pos >= consistent
-            _apply(record, pos, frame.size, after, working, superseded, body_refs)
+            _apply(record, pos, frame.size, after, working, superseded, pins)
             if (
                 isinstance(record, rec.Envelope) or (isinstance(record, rec.Finish) and tracked)
             ) and record.body.kind == rec.BODY_FILE:
@@ -333,15 +333,16 @@ def recover(
         _cut_torn_tail(fs, root, log_dir, torn.at)
     if not dry_run:
         _make_durable(fs, root, [s for s in segments if s >= start.segment])
-    # Pins of segments already deleted (a full scan replays finishes of messages whose
-    # bodies went with them) mean nothing: keep only live segments with live bodies.
-    body_refs = {seg: n for seg, n in body_refs.items() if seg >= segments[0] and n > 0}
     cursors = list(positions.cursors) if positions else [Position(segments[0], 0)] * n_classes
     low = min(cursors)
     superseded = {p for p in superseded if p >= low}
     to_write, held = _decide_all(
-        fs, root, working, damaged, segments[0], options, clock(), named_files, body_refs
+        fs, root, working, damaged, segments[0], options, clock(), named_files, pins
     )
+    pins.settle(segments[0])
+    # Pins of segments already deleted (a full scan replays finishes of messages whose
+    # bodies went with them) mean nothing: keep only live segments with live bodies.
+    body_refs = {seg: n for seg, n in pins.counts.items() if seg >= segments[0] and n > 0}
     named, orphans = _incoming_files(fs, root, named_files, damaged)
     dead_bodies.extend(orphans)
     live = [w.start_at for w in working.values() if not w.settled]
@@ -534,6 +535,66 @@ def _unpaired_envelope(
     return TornTail(env_at, file_size, f"{reason}: cut with the envelope it belongs to")
 
 
+@attrs.define
+class _Pins:
+    """The segment pins of inline bodies as the scan replays them, paired message by
+    message (``body_refs``: docs/design.md, "Bodies").
+
+    A first envelope at or after ``consistent`` takes a pin (the positions count those
+    before it); a finish or a promotion at or after ``consistent`` releases the pin its
+    message holds: one taken in this scan, or one the positions count (its body lies
+    before ``consistent``). Damage a repair set aside can take one side of a pair: a
+    message whose first envelope is gone took no pin here, and releases none (it would
+    release another message's); one still live at the end of the scan whose body no pin
+    counts is pinned then (``settle``), so that the spool's release when it ends
+    (its finish, at run time or decided below) pairs with a pin."""
+
+    counts: dict[int, int]
+    consistent: Position
+    taken: dict[str, Position] = attrs.Factory(dict)  # first envelopes pinned in this scan
+    inline: dict[str, rec.BodyRef] = attrs.Factory(dict)  # each live message's inline body
+
+    def envelope(self, env: rec.Envelope, pos: Position, size: int, after: bool) -> None:
+        body = resolve_body(env, pos, size)
+        if env.supersedes is None and after and body.at is not None:
+            pin_body(self.counts, pos.segment)  # the BODY frame follows the envelope
+            self.taken[env.msg_id] = body.at
+        if after and env.promoted_from is not None:
+            self.release(env.msg_id, env.promoted_from)
+        if body.at is not None:
+            self.inline[env.msg_id] = body
+        else:
+            self.inline.pop(env.msg_id, None)
+
+    def finish(self, record: rec.Finish, after: bool) -> None:
+        # The inline body is released: named by the finish, or copied from as it finished.
+        inline = record.body.at if record.body.kind == rec.BODY_INLINE else record.promoted_from
+        if after and inline is not None:
+            self.release(record.msg_id, inline)
+        self.inline.pop(record.msg_id, None)
+
+    def release(self, msg_id: str, at: Position) -> None:
+        if self.taken.pop(msg_id, None) is not None or at < self.consistent:
+            unpin_body(self.counts, at.segment)
+
+    def settle(self, first_segment: int) -> None:
+        """At the end of the scan (and of the decisions: ``inline`` holds every message
+        that lives on with an inline body): a pin taken by a message that no longer has
+        one is released (the promotion that released it was lost to damage: its later
+        envelopes name a body file, or it finished naming one); a live inline body that
+        no pin counts is pinned."""
+        for msg_id, at in list(self.taken.items()):
+            if msg_id not in self.inline:
+                self.release(msg_id, at)
+        for msg_id, body in self.inline.items():
+            assert body.at is not None, "resolve_body resolves an inline body"
+            if msg_id in self.taken or body.at < self.consistent:
+                continue
+            if body.at.segment >= first_segment:
+                pin_body(self.counts, body.at.segment)
+                self.taken[msg_id] = body.at
+
+
 def _apply(
     record: rec.Record,
     pos: Position,
@@ -541,7 +602,7 @@ def _apply(
     after_consistent: bool,
     working: dict[str, _Working],
     superseded: set[Position],
-    body_refs: dict[int, int],
+    pins: _Pins,
 ) -> None:
     """Fold one scanned record into the recovery state."""
     if isinstance(record, rec.Start):
@@ -558,18 +619,12 @@ def _apply(
             w = working.get(record.msg_id)
             if w is not None:
                 w.settled = True
-            if after_consistent and record.promoted_from is not None:
-                unpin_body(body_refs, record.promoted_from.segment)
-        elif after_consistent and record.body.kind == rec.BODY_INLINE:
-            pin_body(body_refs, pos.segment)  # the BODY frame follows the envelope
+        pins.envelope(record, pos, size, after_consistent)
     elif isinstance(record, rec.Finish):
         w = working.get(record.msg_id)
         if w is not None:
             w.settled = True
-        # The inline body is released: named by the finish, or copied from as it finished.
-        inline = record.body.at if record.body.kind == rec.BODY_INLINE else record.promoted_from
-        if after_consistent and inline is not None:
-            unpin_body(body_refs, inline.segment)
+        pins.finish(record, after_consistent)
 
 
 # What the rest of a message's recipients become after an operator ended it in flight.
@@ -601,21 +656,24 @@ def _decide_all(
     options: SpoolOptions,
     now: float,
     named_files: set[str],
-    body_refs: dict[int, int],
+    pins: _Pins,
 ) -> tuple[list[rec.Record], int]:
     """Records that settle every message left in flight, in start-record order, and how
     many of them the crash-loop breaker held. A message whose successor names a body file
     found in incoming/ is added to ``named_files`` (the file moves to bodies/); the inline
-    body of an envelope read back from a repair's copy (R5b), which no scanned envelope
-    pinned, is pinned in ``body_refs``."""
+    body of an envelope read back from a repair's copy (R5b) is the message's live inline
+    body in ``pins`` (pinned there if no pin counts it yet)."""
     log_dir = os.path.join(root, fmt.LOG_DIR)
     out: list[rec.Record] = []
     held_for_crash_loop = 0
     for msg_id, w in sorted(working.items(), key=lambda kv: kv[1].start_at):
         if w.settled:
             continue
+        known = pins.inline.get(msg_id)  # the inline body its scanned envelopes name
         if w.acknowledged:
-            out.append(_finish_acknowledged(fs, log_dir, msg_id, w, damaged, first_segment, now))
+            out.append(
+                _finish_acknowledged(fs, log_dir, msg_id, w, damaged, first_segment, now, known)
+            )
             continue
         retired = w.envelope_at.segment < first_segment
         marked_after = any(at > w.start_at for at, _size in damaged)
@@ -627,7 +685,7 @@ def _decide_all(
             # recipients are unknown but for those the deltas settled: finish it with
             # those, so that it is never attempted from a guess.
             assert decide(False, True, False, False).decision is Decision.FINISH_LOST
-            out.append(_finish_lost(msg_id, w, now))
+            out.append(_finish_lost(msg_id, w, now, known))
             continue
         frame = read_frame_at(fs, log_dir, w.envelope_at)
         try:
@@ -668,7 +726,7 @@ def _decide_all(
         if kept is not None and not remaining:
             # A damaged record never settles mail: the finish is written as for a lost
             # envelope (R5), with the outcomes the deltas recorded.
-            out.append(_finish_lost(msg_id, w, now))
+            out.append(_finish_lost(msg_id, w, now, known))
             continue
         crashes = env.crashes + 1
         case = decide(False, False, bool(remaining), crashes >= options.crash_limit)
@@ -680,15 +738,15 @@ def _decide_all(
         if case.decision is Decision.HOLD:
             held = CRASH_LOOP_HOLD.format(crashes=crashes)
         if kept is not None:
-            # Restored from a damaged envelope: held for the operator to check (R5b). No
-            # scanned envelope named its body: its file moves to bodies/, its inline
-            # body's segment stays pinned until the message ends.
+            # Restored from a damaged envelope: held for the operator to check (R5b). Its
+            # file moves to bodies/; its inline body's segment stays pinned until the
+            # message ends (by its first envelope's pin, or, if that one is gone too, by
+            # one taken for it now: ``_Pins.settle``).
             held = RESTORED_HOLD.format(where=w.envelope_at)
             if body.kind == rec.BODY_FILE:
                 named_files.add(msg_id)
             else:
-                assert body.at is not None, "resolve_body resolves an inline body"
-                pin_body(body_refs, body.at.segment)
+                pins.inline[msg_id] = body
         hold = case.decision is Decision.HOLD or w.hold is not None or kept is not None
         klass = options.last_class if hold else options.class_for_attempts(env.attempts + 1)
         out.append(
@@ -729,11 +787,16 @@ def _lost_start(
         working[env.msg_id] = _Working(pos, marker.sup[0], env.klass)
 
 
-def _finish_lost(msg_id: str, w: _Working, now: float) -> rec.Finish:
+def _finish_lost(
+    msg_id: str, w: _Working, now: float, known: rec.BodyRef | None = None
+) -> rec.Finish:
     """R5's finish: the outcomes the deltas settled, and no body (it died with the
-    envelope, or is not to be trusted from a damaged one)."""
+    envelope, or is not to be trusted from a damaged one), unless an intact envelope of
+    the message named an inline body (``known``): that one is named, so that the finish
+    releases its pin (``_Pins``)."""
     outcomes = tuple(rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items())
-    return rec.Finish(msg_id, now, rec.BodyRef(rec.BODY_FILE, 0), outcomes, ENVELOPE_LOST_REASON)
+    body = known or rec.BodyRef(rec.BODY_FILE, 0)
+    return rec.Finish(msg_id, now, body, outcomes, ENVELOPE_LOST_REASON)
 
 
 def _finish_acknowledged(
@@ -744,16 +807,19 @@ def _finish_acknowledged(
     damaged: list[tuple[Position, int]],
     first_segment: int,
     now: float,
+    known: rec.BodyRef | None,
 ) -> rec.Finish:
     """R6's finish: its outcome was handed out and acknowledged, so its recipients were
     all settled; the finish that said so was lost. Written again with no outcomes (nothing
     is handed out for it) and the body the message had, so that it releases that body as
     the lost one did (an inline body's pin: ``_apply``, ``AttemptBook.append_recovered``).
-    A body past reading (its envelope set aside, or gone with its segment) is named as
-    none, as R5 names it: nothing pins it then."""
+    A body past reading (its envelope set aside, or gone with its segment) is named as R5
+    names it: the inline body an intact envelope of the message named (``known``: its
+    pin, ``_Pins``), else none."""
     at = w.envelope_at
     if at.segment < first_segment or _in_damaged(at, damaged):
-        return rec.Finish(msg_id, now, rec.BodyRef(rec.BODY_FILE, 0), (), FINISH_LOST_REASON)
+        body = known or rec.BodyRef(rec.BODY_FILE, 0)
+        return rec.Finish(msg_id, now, body, (), FINISH_LOST_REASON)
     frame = read_frame_at(fs, log_dir, at)
     path = os.path.join(log_dir, fmt.segment_name(at.segment))
     env = (

@@ -1,14 +1,15 @@
-"""Inline-body pins after a repair: open, pinned as strict xfails until mended.
+"""Inline-body pins after a repair.
 
 A segment's pin count says how many live messages have their inline body in it: a first
 envelope counts one, the finish (or the promotion to a body file) releases it. Damage can
-take one side of such a pair and leave the other, and no count says whose pin is whose:
-a finished message whose first envelope was set aside releases a pin it never took (an
-undercount: another live message's body segment is deleted under it, mail lost); a
-message finished from an envelope set aside releases nothing (an overcount: its segment,
-and every later one, kept for ever). Found by the adversarial review of b505c0b; each is
-older than the day's changes (docs/reliability.md, "Open"). ``pin_mismatches`` is the
-oracle: the positions' pins against what the live mail needs.
+take one side of such a pair and leave the other: a finished message whose first envelope
+was set aside released a pin it never took (an undercount: another live message's body
+segment was deleted under it, mail lost); a message finished from an envelope set aside
+released nothing (an overcount: its segment, and every later one, kept for ever); R5b
+pinned a restored body its first envelope had pinned already. Found by the adversarial
+review of b505c0b, each older than the day's changes; recovery now pairs pins message by
+message (``recovery._Pins``). ``pin_mismatches`` is the oracle: the positions' pins
+against what the live mail needs.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ OPTS = {
     "max_lifetime": 10**7,
     "segment_size": 4096,
 }
-PIN_CLASS = "open: inline-body pins do not survive damage to one side of their pair"
 
 
 def burst(root: Path, msg_id: str, *hits: tuple[type, int]) -> None:
@@ -100,7 +100,6 @@ def test_the_pin_oracle_sees_a_pin_taken_twice(tmp_path: Path) -> None:
     assert pin_mismatches(str(root)) == {1: (2, 1)}
 
 
-@pytest.mark.xfail(strict=True, reason=PIN_CLASS)
 def test_a_finished_messages_damaged_first_envelope_releases_no_other_messages_pin(
     tmp_path: Path,
 ) -> None:
@@ -110,7 +109,6 @@ def test_a_finished_messages_damaged_first_envelope_releases_no_other_messages_p
     assert repaired_and_reopened(root) == {}
 
 
-@pytest.mark.xfail(strict=True, reason=PIN_CLASS)
 def test_a_live_message_keeps_its_body_when_another_ones_first_envelope_was_damaged(
     tmp_path: Path,
 ) -> None:
@@ -147,7 +145,6 @@ def test_a_live_message_keeps_its_body_when_another_ones_first_envelope_was_dama
         flight.close()
 
 
-@pytest.mark.xfail(strict=True, reason=PIN_CLASS)
 def test_a_message_finished_from_a_damaged_replacement_releases_its_first_envelopes_pin(
     tmp_path: Path,
 ) -> None:
@@ -170,7 +167,6 @@ def test_a_message_finished_from_a_damaged_replacement_releases_its_first_envelo
     assert repaired_and_reopened(root) == {}
 
 
-@pytest.mark.xfail(strict=True, reason=PIN_CLASS)
 def test_a_message_restored_from_a_damaged_replacement_is_pinned_once(tmp_path: Path) -> None:
     # R5b: recovery restores it held from the kept copy of its replacement, and pinned
     # its inline body again although its intact first envelope had.
@@ -195,3 +191,27 @@ def test_a_message_restored_from_a_damaged_replacement_is_pinned_once(tmp_path: 
     assert report.after.clean, report.after.problems
     Spool.open(root, clock=FakeClock(T0 + 100), **OPTS).close()
     assert pin_mismatches(str(root)) == {}
+
+
+def test_a_lost_promotion_releases_the_pin_it_released(tmp_path: Path) -> None:
+    # Found by the pin oracle in the explorer (workload everything, seed 6): a deferral
+    # copied the inline body to a file (a replacement naming the copy releases the pin),
+    # and a burst took that replacement and the start from it. The first envelope's pin
+    # was counted again by the next full scan and released by nothing: kept for ever.
+    root = tmp_path / "spool"
+    clock = FakeClock(T0)
+    with Spool.open(root, clock=clock, outcomes=True, **OPTS) as sp:
+        m = sp.accept("alice@x.org", ["bob@x.net"], b"i" * 40)
+        clock.advance(600)  # its next attempt would outlive the longest interval
+        with sp.claim() as a:
+            assert a is not None
+            a.deferred(["bob@x.net"], "451 later")
+        clock.advance(700)
+        with sp.claim(timeout=1) as a:
+            assert a is not None and a.msg_id == m
+            a.delivered(["bob@x.net"], "250 ok")
+        sp.accept("alice@x.org", ["dave@x.net"], b"n" * 40)
+    (promoted,) = [r for _p, r, _f in records(root) if isinstance(r, rec.Envelope) and r.supersedes]
+    assert promoted.body.kind == rec.BODY_FILE and promoted.promoted_from is not None
+    burst(root, m, (rec.Envelope, 1), (rec.Start, 1))
+    assert repaired_and_reopened(root) == {}
