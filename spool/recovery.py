@@ -339,7 +339,7 @@ def recover(
     to_write, held = _decide_all(
         fs, root, working, damaged, segments[0], options, clock(), named_files, pins
     )
-    pins.settle(segments[0])
+    pins.settle()
     # Pins of segments already deleted (a full scan replays finishes of messages whose
     # bodies went with them) mean nothing: keep only live segments with live bodies.
     body_refs = {seg: n for seg, n in pins.counts.items() if seg >= segments[0] and n > 0}
@@ -577,7 +577,7 @@ class _Pins:
         if self.taken.pop(msg_id, None) is not None or at < self.consistent:
             unpin_body(self.counts, at.segment)
 
-    def settle(self, first_segment: int) -> None:
+    def settle(self) -> None:
         """At the end of the scan (and of the decisions: ``inline`` holds every message
         that lives on with an inline body): a pin taken by a message that no longer has
         one is released (the promotion that released it was lost to damage: its later
@@ -589,10 +589,9 @@ class _Pins:
         for msg_id, body in self.inline.items():
             assert body.at is not None, "resolve_body resolves an inline body"
             if msg_id in self.taken or body.at < self.consistent:
-                continue
-            if body.at.segment >= first_segment:
-                pin_body(self.counts, body.at.segment)
-                self.taken[msg_id] = body.at
+                continue  # counted: here, or by the positions
+            pin_body(self.counts, body.at.segment)  # (a live segment: past ``consistent``)
+            self.taken[msg_id] = body.at
 
 
 def _apply(
