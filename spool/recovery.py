@@ -744,6 +744,7 @@ def _decide_all(
             held = RESTORED_HOLD.format(where=w.envelope_at)
             if body.kind == rec.BODY_FILE:
                 named_files.add(msg_id)
+                pins.inline.pop(msg_id, None)  # a promotion set aside: it released the pin
             else:
                 pins.inline[msg_id] = body
         hold = case.decision is Decision.HOLD or w.hold is not None or kept is not None

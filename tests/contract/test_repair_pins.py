@@ -215,3 +215,40 @@ def test_a_lost_promotion_releases_the_pin_it_released(tmp_path: Path) -> None:
     assert promoted.body.kind == rec.BODY_FILE and promoted.promoted_from is not None
     burst(root, m, (rec.Envelope, 1), (rec.Start, 1))
     assert repaired_and_reopened(root) == {}
+
+
+def test_a_message_restored_from_its_damaged_promotion_releases_its_first_envelopes_pin(
+    tmp_path: Path,
+) -> None:
+    # Found by the review of 7aa7a2b (older): R5b restored it from the kept copy of its
+    # promotion (a replacement naming a body file), in flight at a kill; the pin its first
+    # envelope took, which that promotion had released, was kept for ever.
+    base = tmp_path / "live"
+    root = tmp_path / "spool"
+    clock = FakeClock(T0)
+    sp = Spool.open(base, clock=clock, **OPTS)
+    m = sp.accept("alice@x.org", ["bob@x.net", "c@x.net"], b"i" * 40)
+    clock.advance(5)
+    with sp.claim() as a:
+        assert a is not None
+        a.deferred(["bob@x.net", "c@x.net"], "451 later")
+    clock.advance(700)
+    with sp.claim(timeout=1) as a:
+        assert a is not None and a.msg_id == m
+        a.deferred(["bob@x.net", "c@x.net"], "451 later")  # this replacement promotes
+    clock.advance(700)
+    a = sp.claim(timeout=1)
+    assert a is not None and a.msg_id == m
+    a.delivered(["bob@x.net"], "250 ok")
+    sp.accept("alice@x.org", ["dave@x.net"], b"n" * 40)
+    shutil.copytree(base, root)  # what a kill -9 here leaves
+    a.close()
+    sp.close()
+    (promotion,) = [
+        (pos, r) for pos, r, _f in records(root) if isinstance(r, rec.Envelope) and r.promoted_from
+    ]
+    flip(root, *[(promotion[0].offset + i, 0xA5) for i in range(4)], segment=promotion[0].segment)
+    report = repair_spool(str(root))
+    assert report.after.clean, report.after.problems
+    Spool.open(root, clock=FakeClock(T0 + 2000), **OPTS).close()
+    assert pin_mismatches(str(root)) == {}
