@@ -58,7 +58,8 @@ def describe(pos: Position, record: rec.Record) -> str:
         )
     if isinstance(record, rec.Finish):
         outcome = "; ".join(f"{o.recipient} {o.status}" for o in record.outcomes)
-        return f"{at}  {human_time(record.at)}  finish {record.msg_id} ({record.reason}): {outcome}"
+        tail = f": {outcome}" if outcome else ""  # (R6's finish names no recipient)
+        return f"{at}  {human_time(record.at)}  finish {record.msg_id} ({record.reason}){tail}"
     return f"{at}  {human_time(record.at)}  {record.action} {record.target}"
 
 
