@@ -669,14 +669,13 @@ def _decide_all(
         if w.settled:
             continue
         known = pins.inline.get(msg_id)  # the inline body its scanned envelopes name
-        if w.acknowledged:
-            out.append(
-                _finish_acknowledged(fs, log_dir, msg_id, w, damaged, first_segment, now, known)
-            )
-            continue
         retired = w.envelope_at.segment < first_segment
         marked_after = any(at > w.start_at for at, _size in damaged)
         gone = _in_damaged(w.envelope_at, damaged) or (retired and marked_after)
+        if w.acknowledged and (retired or gone):
+            # R6 with its envelope past reading: the body as R5 names it.
+            out.append(_finish_acknowledged(msg_id, now, known or rec.BodyRef(rec.BODY_FILE, 0)))
+            continue
         kept = kept_envelope(fs, root, msg_id, w.envelope_at) if gone and not retired else None
         if gone and kept is None:
             # R5: the envelope is gone: in bytes a repair set aside, or (its attempt's
@@ -697,6 +696,11 @@ def _decide_all(
             path = os.path.join(log_dir, fmt.segment_name(w.envelope_at.segment))
             raise CorruptSpool(path, w.envelope_at.offset, f"start of {msg_id} names no envelope")
         body = resolve_body(env, w.envelope_at, frame.size)
+        if w.acknowledged:
+            # R6. (An inline body in a segment retired since, which a promotion set aside
+            # as damage had released, holds no pin: releasing it again counts nothing.)
+            out.append(_finish_acknowledged(msg_id, now, body, env))
+            continue
         reason = "all recipients settled"
         if body.kind == rec.BODY_INLINE and body.at is not None and body.at.segment < first_segment:
             # The start names an envelope whose inline body lay in a segment retired since:
@@ -800,39 +804,15 @@ def _finish_lost(
 
 
 def _finish_acknowledged(
-    fs: FileSystem,
-    log_dir: str,
-    msg_id: str,
-    w: _Working,
-    damaged: list[tuple[Position, int]],
-    first_segment: int,
-    now: float,
-    known: rec.BodyRef | None,
+    msg_id: str, now: float, body: rec.BodyRef, env: rec.Envelope | None = None
 ) -> rec.Finish:
     """R6's finish: its outcome was handed out and acknowledged, so its recipients were
     all settled; the finish that said so was lost. Written again with no outcomes (nothing
-    is handed out for it) and the body the message had, so that it releases that body as
-    the lost one did (an inline body's pin: ``_apply``, ``AttemptBook.append_recovered``).
-    A body past reading (its envelope set aside, or gone with its segment) is named as R5
-    names it: the inline body an intact envelope of the message named (``known``: its
-    pin, ``_Pins``), else none."""
-    at = w.envelope_at
-    if at.segment < first_segment or _in_damaged(at, damaged):
-        body = known or rec.BodyRef(rec.BODY_FILE, 0)
-        return rec.Finish(msg_id, now, body, (), FINISH_LOST_REASON)
-    frame = read_frame_at(fs, log_dir, at)
-    path = os.path.join(log_dir, fmt.segment_name(at.segment))
-    env = (
-        rec.decode_stored(frame.type, frame.payload, path, at.offset)
-        if frame.type == fmt.T_ENVELOPE
-        else None
-    )
-    if not isinstance(env, rec.Envelope) or env.msg_id != msg_id:
-        raise CorruptSpool(path, at.offset, f"start of {msg_id} names no envelope")
-    # (An inline body in a segment retired since, which a promotion set aside as damage
-    # had released, holds no pin: releasing it again counts nothing, ``unpin_body``.)
-    body = resolve_body(env, at, frame.size)
-    return rec.Finish(msg_id, now, body, (), FINISH_LOST_REASON, env.sender, env.accepted_at)
+    is handed out for it) and the body the message had (``env``'s, or as R5 names it when
+    the envelope is past reading), so that it releases that body as the lost one did (an
+    inline body's pin: ``_Pins``, ``AttemptBook.append_recovered``)."""
+    sender, accepted_at = (env.sender, env.accepted_at) if env is not None else (None, None)
+    return rec.Finish(msg_id, now, body, (), FINISH_LOST_REASON, sender, accepted_at)
 
 
 def kept_envelope(fs: FileSystem, root: str, msg_id: str, at: Position) -> rec.Envelope | None:
