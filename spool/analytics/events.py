@@ -279,6 +279,15 @@ def record_rows(server: str, pos: Position, record: rec.Record) -> Iterator[tupl
                 record.sender, o.recipient, _kind_of(o.status, o.reply), o.reply, None, None,
                 None, record.body.size, record.accepted_at,
             )  # fmt: skip
+        if not record.outcomes:
+            # A finish naming no recipient (recovery's, when damage took the one that
+            # named them: docs/design.md, R5 and R6): one row, its reason in ``reply``, so
+            # that the message is still seen to have left the queue.
+            yield (
+                server, seg, off, record.at, record.msg_id, "finish", "finished",
+                record.sender, None, None, record.reason or None, None, None,
+                None, record.body.size, record.accepted_at,
+            )  # fmt: skip
     elif isinstance(record, rec.Control):
         yield (
             server, seg, off, record.at, record.target or None, "control", record.action,

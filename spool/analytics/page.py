@@ -40,7 +40,7 @@ def write_page(
     violations = summary.get("accountability_violations") or []
     verdict = (
         f'<p class="bad">accountability: {len(violations)} recipient(s) with more than one '
-        "final outcome (listed below)</p>"
+        "final outcome, or with none although their message finished (listed below)</p>"
         if violations
         else '<p class="good">accountability: every accepted recipient has exactly one final '
         "outcome or is still queued</p>"

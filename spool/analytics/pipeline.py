@@ -158,7 +158,7 @@ def _summary(results: dict[str, list[dict[str, Any]]], damaged: list[str]) -> di
     return {
         **totals,
         "accountability_violations": [
-            f"{r['server']} {r['msg_id']} {r['recipient']}: {r['finals']} final outcomes"
+            f"{r['server']} {r['msg_id']} {r['recipient']}: {r['problem']}"
             for r in results["accountability"]
         ],
         "damaged_segments": damaged,

@@ -5,15 +5,18 @@ Each report is a function of the two tables returning a DataFrame small enough t
 shows them. Figures follow the spool's records, not a log parser's guesses:
 
 - *received* counts accepted messages, *recipients* their accepted recipients;
-- *delivered*, *bounced* (failed for any reason but age), *expired*, *deleted* and
-  *queued* count recipients by their final status; *deferrals* counts deferral events;
+- *delivered*, *bounced* (failed for any reason but age), *expired*, *deleted*, *queued*
+  and *unknown* count recipients by their final status (*unknown*: the message finished
+  with no record of the recipient's outcome, lost to disk damage; see ``tables``);
+  *deferrals* counts deferral events;
 - delays are from acceptance to the final outcome, in seconds; the delay split follows
   Postfix's ``delays=a/b/c``: before the first attempt, waiting between attempts, inside
   attempts;
 - queue depth is reconstructed from the records: recipients accepted and not yet final at
   the end of each hour;
-- the accountability check lists every recipient with more than one final outcome (the
-  spool's contract is exactly one, or none while queued).
+- the accountability check lists every recipient with more than one final outcome, or
+  with none although its message finished (the spool's contract is exactly one, or none
+  while queued).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spool.analytics.bounces import bounce_class
+from spool.analytics.tables import UNKNOWN
 
 Report = Callable[[DataFrame, DataFrame], DataFrame]
 
@@ -80,6 +84,7 @@ def _figures(recipients: DataFrame) -> list[Column]:
         _count(_status("expired")).alias("expired"),
         _count(_status("deleted")).alias("deleted"),
         _count(_status("queued")).alias("queued"),
+        _count(_status(UNKNOWN)).alias("unknown"),
         _count(F.col("deferrals") > 0).alias("deferred_recipients"),
         F.countDistinct("sender").alias("senders"),
         F.countDistinct("recipient").alias("recipient_addresses"),
@@ -158,6 +163,7 @@ def per_domain(events: DataFrame, recipients: DataFrame) -> DataFrame:
         _count(_status("expired")).alias("expired"),
         _count(_status("deleted")).alias("deleted"),
         _count(_status("queued")).alias("queued"),
+        _count(_status(UNKNOWN)).alias("unknown"),
         *_delays(),
     )
     return grouped.select(
@@ -171,6 +177,7 @@ def per_domain(events: DataFrame, recipients: DataFrame) -> DataFrame:
         "expired",
         "deleted",
         "queued",
+        "unknown",
         "delay_p50",
         "delay_p95",
         "delay_p99",
@@ -345,10 +352,22 @@ def _senders(recipients: DataFrame, by: str) -> DataFrame:
 
 def accountability(events: DataFrame, recipients: DataFrame) -> DataFrame:
     """Every accepted recipient with more than one final outcome (a duplicate delivery or
-    a contradiction), by message id: empty when the spool kept its contract."""
+    a contradiction), or with none although its message finished (its outcome lost to disk
+    damage: the finish's reason says so), by message id, with the problem in words: empty
+    when the spool kept its contract."""
+    twice = F.col("finals") > 1
+    problem = F.when(twice, F.concat(F.col("finals").cast("string"), F.lit(" final outcomes")))
+    lost = F.concat(F.lit("finished with no outcome recorded: "), F.col("lost_why"))
     return (
-        recipients.where(F.col("finals") > 1)
-        .select("server", "msg_id", "recipient", "finals", "final_status")
+        recipients.where(twice | _status(UNKNOWN))
+        .select(
+            "server",
+            "msg_id",
+            "recipient",
+            "finals",
+            "final_status",
+            F.coalesce(problem, lost).alias("problem"),
+        )
         .orderBy("server", "msg_id", "recipient")
     )
 

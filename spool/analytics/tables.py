@@ -8,9 +8,13 @@ A replacement envelope is bookkeeping unless it holds or releases the message: t
 become ``held`` and ``released``; others are dropped.
 
 ``recipients``: one row per message and recipient whose acceptance is in the data:
-accepted and final times, the final status (``queued`` if none), attempts, delay, the
-last reply, and the accountability figure ``finals`` (final outcomes recorded: exactly
-one, or none while queued, is the spool's contract).
+accepted and final times, the final status, attempts, delay, the last reply, and the
+accountability figure ``finals`` (final outcomes recorded: exactly one, or none while
+queued, is the spool's contract). The final status is ``queued`` while the message has
+no finish in the data, and ``unknown`` for a recipient of a finished message whose outcome
+no record names: recovery finishes a message with the outcomes it can still read when
+disk damage took the ones that named them (docs/design.md, R5 and R6), and says so in the
+finish's reason (``lost_why``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 FINAL_KINDS = ("delivered", "failed", "expired", "deleted")
+# The final status of a recipient whose message finished with no record of its outcome.
+UNKNOWN = "unknown"
 ATTEMPT_KINDS = ("delivered", "failed", "deferred")
 _POSITION = ("segment", "offset")
 
@@ -125,6 +131,16 @@ def recipients_table(events: DataFrame) -> DataFrame:
         F.sum(F.when(F.col("kind") == "deferred", 1).otherwise(0)).alias("deferrals"),
         F.sum("in_attempt").alias("in_attempts"),
     )
+    # The message's end: any finish, with or without outcomes (one naming none is a row
+    # with no recipient, its reason in ``reply``).
+    ended = (
+        events.where(F.col("kind") == "finished")
+        .groupBy("server", "msg_id")
+        .agg(
+            F.min("time").alias("ended_at"),
+            F.max(F.when(F.col("recipient").isNull(), F.col("reply"))).alias("ended_why"),
+        )
+    )
     first_start = (
         events.where(F.col("kind") == "started")
         .groupBy("server", "msg_id")
@@ -135,9 +151,11 @@ def recipients_table(events: DataFrame) -> DataFrame:
         .join(by_finish, key, "left")
         .join(attempts, key, "left")
         .join(first_start, ["server", "msg_id"], "left")
+        .join(ended, ["server", "msg_id"], "left")
     )
-    final_status = F.coalesce("final_status", "finish_status")
-    final_at = F.coalesce("final_at", "finish_at")
+    unknown = F.when(F.col("ended_at").isNotNull(), F.lit(UNKNOWN))
+    final_status = F.coalesce("final_status", "finish_status", unknown)
+    final_at = F.coalesce("final_at", "finish_at", "ended_at")
     return out.select(
         *key,
         "sender",
@@ -159,4 +177,5 @@ def recipients_table(events: DataFrame) -> DataFrame:
             "finals"
         ),
         final_status.isNull().alias("still_queued"),
+        F.when(final_status == UNKNOWN, F.coalesce("ended_why", F.lit(""))).alias("lost_why"),
     )

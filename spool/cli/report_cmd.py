@@ -72,7 +72,10 @@ def report(
     click.echo(
         "received {received} messages ({recipients} recipients) on {servers} server(s): "
         "delivered {delivered}, bounced {bounced}, expired {expired}, deleted {deleted}, "
-        "still queued {queued}; {deferrals} deferrals".format(**summary)
+        "still queued {queued}{lost}; {deferrals} deferrals".format(
+            **summary,
+            lost=f", outcome lost to damage {summary['unknown']}" if summary.get("unknown") else "",
+        )
     )
     violations = summary["accountability_violations"]
     click.echo(

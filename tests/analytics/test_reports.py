@@ -16,6 +16,7 @@ from spool.analytics.bounces import classify
 from spool.analytics.pipeline import run_report
 from spool.analytics.reports import accountability, traffic_per_day
 from spool.analytics.tables import recipients_table
+from spool.recovery import FINISH_LOST_REASON
 
 Fleet = tuple[Path, list[dict[str, Any]]]
 
@@ -265,3 +266,50 @@ def test_an_empty_spool_reports_zeros(spark: Any, tmp_path: Path) -> None:
     # A second run replaces the first whole and leaves nothing beside it.
     run_report(spark, [str(tmp_path / "empty")], str(tmp_path / "r"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "r"]
+
+
+@pytest.mark.parametrize("lost", ["delta and finish", "finish"])
+def test_a_finish_that_damage_took_leaves_its_recipients_out_of_the_queue(
+    spark: Any, tmp_path: Path, lost: str
+) -> None:
+    # Recovery writes a finish naming no recipient when damage took the one that named
+    # them and an acknowledgement of its outcome survived (docs/design.md, R6). The
+    # message left the queue: a recipient whose failed delta survived is bounced; one whose
+    # outcome no record names any more is "unknown" and listed by the accountability check,
+    # never counted as queued for ever.
+    from spool import records as rec
+    from spool.check import repair_spool
+    from tests.contract.test_repair_acknowledged_finish import (
+        damage_records,
+        finished_and_acknowledged,
+    )
+
+    root = tmp_path / "spool"
+    m = finished_and_acknowledged(root, b"m" * 500, deliver=False)
+    damage_records(root, m, (rec.Delta, rec.Finish) if lost != "finish" else (rec.Finish,))
+    assert repair_spool(str(root)).after.clean
+    summary = run_report(spark, [str(root)], str(tmp_path / "r"))
+    out = tmp_path / "r"
+    mine = {
+        r["recipient"]: r for r in _table_rows(out / "tables" / "recipients") if r["msg_id"] == m
+    }
+    assert set(mine) == {"bob@x.net", "carol@x.net"}
+    assert not any(r["still_queued"] for r in mine.values())
+    if lost == "finish":
+        assert {r["final_status"] for r in mine.values()} == {"failed"}
+        assert summary["bounced"] == 2 and summary["unknown"] == 0
+        assert summary["accountability_violations"] == []
+        return
+    assert {r["final_status"] for r in mine.values()} == {"unknown"}
+    assert summary["bounced"] == 0 and summary["unknown"] == 2 and summary["queued"] == 1
+    assert summary["violations"] == 2
+    assert summary["accountability_violations"] == [
+        f"spool {m} {r}: finished with no outcome recorded: {FINISH_LOST_REASON}"
+        for r in ("bob@x.net", "carol@x.net")
+    ]
+    assert "with none although their message finished" in (out / "index.html").read_text()
+
+
+def _table_rows(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows
