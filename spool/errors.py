@@ -183,6 +183,24 @@ class ReportRefused(SpoolError):
     other files, or a source). Name a new directory or an earlier report's."""
 
 
+class JavaMissing(SpoolError):
+    """``spool report``: Spark needs a Java runtime (17 or later) and none is on the PATH
+    or in JAVA_HOME. Install one, or set JAVA_HOME."""
+
+
+class SegmentUnreadable(SpoolError):
+    """``spool report``: reading a segment file failed (an I/O error; one that cannot be
+    opened at all is ``CorruptSpool``, as the reader names it). Nothing was written; make
+    it readable, or move it out of the log directory."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(
+            f"cannot read {path}: {reason}; make it readable to this user, or move it out "
+            "of the log directory"
+        )
+        self.path = path
+
+
 class ReportFailed(SpoolError):
     """``spool report``: a Spark task failed (the spool error it raised is in the message:
     damage names file and offset; ``--on-damage skip`` reads past it)."""

@@ -9,7 +9,14 @@ and record codec, so the analytics read exactly what recovery reads:
   the newest segment is where reading stops, quietly (as ``spool list`` does);
 - damage before that is ``CorruptSpool`` naming file and offset, or, with
   ``on_damage="skip"``, one row of kind ``damaged`` (the reason in ``reply``) and the rest
-  of that segment skipped.
+  of that segment skipped; a segment of a format version the spool does not read is
+  damage too (its header says so);
+- a segment file that cannot be opened (permissions; a directory under a segment's name)
+  is damage as the reader names it ("not a segment file (...)"); one whose read fails
+  (an I/O error) is ``SegmentUnreadable``, whatever ``on_damage`` says: nothing of it was
+  read;
+- files in a log or archive directory not named as segments (``<20 digits>.seg``) are
+  not read, as the spool itself does not read them.
 
 Reads only; takes no lock, so it runs beside a running owner.
 """
@@ -24,7 +31,7 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.errors import CorruptSpool, NotASpool
+from spool.errors import CorruptSpool, NotASpool, SegmentUnreadable
 from spool.framing import Frame
 from spool.fs import FileSystem
 from spool.options import archive_path, load_settings, resolve_options
@@ -189,6 +196,8 @@ def segment_rows(
             stop = fs.file_size(path)  # what is there now: the end, asked once, not per frame
         except FileNotFoundError:
             return  # deleted since it was planned (a live spool's garbage collection)
+        except OSError as exc:
+            raise SegmentUnreadable(path, exc.strerror or str(exc)) from None
     cursor = _cursor(fs, source, start)
     end = Position(source.segment, stop)
     try:
@@ -206,6 +215,10 @@ def segment_rows(
                     raise
                 yield _damage_row(source, exc)
                 return
+            except OSError as exc:
+                # Not damage (its bytes were never read): an error whatever ``on_damage``
+                # says, one line on the driver (command.spool_error_in), not a traceback.
+                raise SegmentUnreadable(path, exc.strerror or str(exc)) from None
             yield from record_rows(source.server, pos, record)
     finally:
         cursor.close()

@@ -18,12 +18,9 @@ from importlib import resources
 from pyspark.sql import SparkSession
 
 from spool.analytics.source import SpoolDataSource
+from spool.errors import JavaMissing
 
 DEFAULT_MASTER = "local[*]"
-
-
-class JavaMissing(RuntimeError):
-    """Spark needs a Java runtime (17 or later) and none is on the PATH."""
 
 
 JVM_LOG = os.path.join(tempfile.gettempdir(), f"spool-report-spark-{os.getuid()}.log")

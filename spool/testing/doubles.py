@@ -167,6 +167,14 @@ class FaultFS(FileSystem):
             self.failures += 1
         raise OSError(err, os.strerror(err))
 
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        self._maybe_fail("open")
+        return super().open(path, flags, mode)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        self._maybe_fail("pread")
+        return super().pread(fd, size, offset)
+
     def pwrite(self, fd: int, data: bytes, offset: int) -> None:
         self._maybe_fail("pwrite")
         super().pwrite(fd, data, offset)

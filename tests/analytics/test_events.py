@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import errno
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 from spool import Spool
 from spool import format as fmt
@@ -16,8 +18,9 @@ from spool.analytics.events import (
     readable_end,
     segment_rows,
 )
-from spool.errors import CorruptSpool, NotASpool
+from spool.errors import CorruptSpool, NotASpool, SegmentUnreadable
 from spool.testing import FakeClock, deliver_all
+from spool.testing.doubles import FaultFS
 
 KIND = [name for name, _ in COLUMNS].index("kind")
 
@@ -104,6 +107,54 @@ def test_damage_names_file_and_offset_or_is_skipped_when_asked(tmp_path: Path) -
     rows = _rows([str(tmp_path / "mx")], on_damage="skip")
     assert [r[KIND] for r in rows] == ["damaged"]
     assert str(seg) in str(rows[0][10])
+
+
+def test_a_segment_of_another_format_version_is_damage_named_in_one_line(
+    tmp_path: Path,
+) -> None:
+    _spool(tmp_path / "mx")
+    [seg] = sorted((tmp_path / "mx" / fmt.LOG_DIR).iterdir())
+    data = bytearray(seg.read_bytes())
+    magic, _version, size, number, salt, _crc = fmt.SEGMENT_HEADER.unpack_from(data)
+    header = fmt.SEGMENT_HEADER.pack(magic, 99, size, number, salt, 0)[:-4]
+    data[: fmt.SEGMENT_HEADER_SIZE] = header + crc32c(header).to_bytes(4, "little")
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptSpool, match=f"{seg} at offset 0: format version 99"):
+        _rows([str(tmp_path / "mx")])
+    assert [r[KIND] for r in _rows([str(tmp_path / "mx")], on_damage="skip")] == ["damaged"]
+
+
+def test_a_segment_that_cannot_be_read_is_one_line_naming_it(tmp_path: Path) -> None:
+    # Root reads any file, so the refusals come from the file-system seam. One the open
+    # meets (EACCES: another user's segment of mode 0600) is the reader's "not a segment
+    # file", naming why; a read that fails (EIO: the disk) is not damage to skip, as none of
+    # the segment's bytes were read: an error whatever ``on_damage`` says.
+    _spool(tmp_path / "mx")
+    [source] = plan_segments([str(tmp_path / "mx")])
+    fs = FaultFS()
+    fs.fail("open", err=errno.EACCES)
+    with pytest.raises(CorruptSpool, match=r"not a segment file \(Permission denied\)"):
+        list(segment_rows(source, fs=fs))
+    for on_damage in ("error", "skip"):
+        fs = FaultFS()
+        fs.fail("pread", err=errno.EIO)
+        with pytest.raises(SegmentUnreadable, match="Input/output error; make it readable"):
+            list(segment_rows(source, on_damage=on_damage, fs=fs))
+    # A directory under a segment's name is read as what it is: not a segment file.
+    (tmp_path / "mx" / fmt.LOG_DIR / fmt.segment_name(2)).mkdir()
+    with pytest.raises(CorruptSpool, match="not a segment file"):
+        _rows([str(tmp_path / "mx")])
+
+
+def test_files_in_the_log_directory_not_named_as_segments_are_not_read(tmp_path: Path) -> None:
+    _spool(tmp_path / "mx")
+    before = _rows([str(tmp_path / "mx")])
+    log = tmp_path / "mx" / fmt.LOG_DIR
+    [seg] = sorted(log.iterdir())
+    (log / "README").write_text("the operator's notes")
+    (log / (seg.name + ".bak")).write_bytes(seg.read_bytes())  # a copy: not read twice
+    (log / "1.seg").write_bytes(b"not twenty digits")
+    assert _rows([str(tmp_path / "mx")]) == before
 
 
 def test_archived_segments_are_read_with_the_live_log(tmp_path: Path) -> None:

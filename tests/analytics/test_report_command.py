@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -136,3 +137,63 @@ def test_ctrl_c_stops_the_report_in_one_line_and_keeps_the_previous_one(
     assert rest.strip() == f"spool: interrupted; {tmp_path / 'r'} is as it was", rest
     assert (tmp_path / "r" / "index.html").read_text() == "the previous report"
     assert not (tmp_path / "r.partial").exists()
+
+
+WRITER = """
+import os, sys, time
+from spool import Spool
+root, stop = sys.argv[1], sys.argv[2]
+with Spool.open(root, segment_size=65536) as sp:
+    for n in range(200):
+        sp.accept("a@example.org", ["b@example.net"], b"first %d" % n)
+    print("ready", flush=True)
+    n = 0
+    while not os.path.exists(stop):
+        sp.accept("a@example.org", ["c@example.net"], b"x" * 2000 + b"%d" % n)
+        n += 1
+        time.sleep(0.005)
+print(n, flush=True)
+"""
+
+
+def test_a_spool_being_written_is_read_up_to_its_end_beside_its_owner(tmp_path: Path) -> None:
+    # An owner accepts all through the report (segments rolling over, the newest growing
+    # as it is read); files in its log directory that are not segments are not read.
+    root, stop = tmp_path / "mx", tmp_path / "stop"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root), str(stop)], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout is not None
+    try:
+        assert writer.stdout.readline() == "ready\n"
+        (root / "log" / "README").write_text("the operator's notes")
+        proc = _spool("report", str(root), "--out", str(tmp_path / "r"), "--json")
+    finally:
+        stop.touch()
+        later = int(writer.stdout.read())
+        assert writer.wait(timeout=60) == 0
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert 200 <= summary["received"] <= 200 + later
+    assert summary["queued"] == summary["recipients"] == summary["received"]
+    assert summary["accountability_violations"] == [] and summary["damaged_segments"] == []
+    assert "Traceback" not in proc.stderr
+
+
+def test_without_java_the_report_is_one_line_before_anything_is_read(tmp_path: Path) -> None:
+    from spool import Spool
+
+    Spool.open(tmp_path / "mx").close()
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = os.path.dirname(sys.executable)  # the interpreter's, with no java in it
+    proc = subprocess.run(
+        [sys.executable, "-m", "spool.cli", "report", str(tmp_path / "mx"), "--out",
+         str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        "spool: Spark needs Java 17 or later: install it (Debian: apt-get install "
+        "openjdk-17-jre-headless) or set JAVA_HOME"
+    )
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
