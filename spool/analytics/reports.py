@@ -42,6 +42,7 @@ DELAY_BUCKETS = (
     (None, "over 1 day"),
 )
 TOP = 20
+TOP_REASONS = 5  # reasons shown per domain (``reasons``)
 
 
 def _count(condition: Column) -> Column:
@@ -202,18 +203,46 @@ def _failures(events: DataFrame) -> DataFrame:
 
 
 def reasons(events: DataFrame, recipients: DataFrame) -> DataFrame:
-    """The top deferral and bounce reasons per recipient domain, by enhanced status code
-    and normalised text, with their class and one message that met each."""
+    """The top deferral and bounce reasons within each recipient domain, by enhanced
+    status code and normalised text, with their class and one message that met each:
+    for each kind (deferred, failed, expired), the ``TOP`` domains with the most such
+    events, and the ``TOP_REASONS`` commonest reasons of each (a domain with a handful of
+    failures still shows why, however many a larger one has)."""
     rows = _failures(events).withColumn("reason", normalised_reply(F.col("reply")))
     grouped = rows.groupBy(
         "kind", "recipient_domain", "enhanced_status", "reason", "bounce_class"
     ).agg(F.count("*").alias("count"), F.min("msg_id").alias("example_msg_id"))
-    rank = Window.partitionBy("kind").orderBy(F.desc("count"), "recipient_domain", "reason")
+    domain = Window.partitionBy("kind", "recipient_domain")
+    within = domain.orderBy(F.desc("count"), "reason", "enhanced_status")
+    ranked = grouped.withColumn("reason_rank", F.row_number().over(within)).withColumn(
+        "domain_count", F.sum("count").over(domain)
+    )
+    domains = (
+        ranked.select("kind", "recipient_domain", "domain_count")
+        .distinct()
+        .withColumn(
+            "domain_rank",
+            F.row_number().over(
+                Window.partitionBy("kind").orderBy(F.desc("domain_count"), "recipient_domain")
+            ),
+        )
+        .where(F.col("domain_rank") <= TOP)
+        .drop("domain_count")
+    )
     return (
-        grouped.withColumn("rank", F.row_number().over(rank))
-        .where(F.col("rank") <= TOP)
-        .drop("rank")
-        .orderBy("kind", F.desc("count"), "recipient_domain", "reason")
+        ranked.where(F.col("reason_rank") <= TOP_REASONS)
+        .join(domains, ["kind", "recipient_domain"])
+        .orderBy("kind", "domain_rank", "reason_rank")
+        .select(
+            "kind",
+            "recipient_domain",
+            "domain_count",
+            "enhanced_status",
+            "reason",
+            "bounce_class",
+            "count",
+            "example_msg_id",
+        )
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from spool.analytics.bounces import classify
 from spool.analytics.pipeline import run_report
-from spool.analytics.reports import accountability, traffic_per_day
+from spool.analytics.reports import TOP, accountability, reasons, traffic_per_day
 from spool.analytics.tables import recipients_table
 from spool.recovery import FINISH_LOST_REASON
 
@@ -199,6 +199,37 @@ def test_reasons_read_the_same_across_messages(report: Path) -> None:
     assert unknown[0]["reason"] == "<address>: Recipient address rejected: User unknown"
     spam = [r for r in reasons if r["bounce_class"] == "spam content"]
     assert [r["reason"] for r in spam] == ["Message # rejected as spam"]
+
+
+def test_reasons_are_ranked_within_each_domain(spark: Any) -> None:
+    # One domain fails for 25 reasons, ten times each; another once, for its own reason.
+    # Ranked across all domains, the top 20 would be the big one's alone.
+    columns = "server string, msg_id string, kind string, recipient string, "
+    columns += "recipient_domain string, status string, reply string, enhanced_status string"
+    rows = [
+        ("mx", f"M{r}-{n}", "failed", f"u{n}@big.example", "big.example", "failed",
+         f"550 5.7.1 policy rule {chr(65 + r)} says no", "5.7.1")
+        for r in range(25) for n in range(10)
+    ]  # fmt: skip
+    rows.append(
+        ("mx", "S", "failed", "x@small.example", "small.example", "failed",
+         "550 5.1.1 <x@small.example>: no such user", "5.1.1")
+    )  # fmt: skip
+    rows += [
+        ("mx", f"D{d}", "deferred", f"y@d{d}.example", f"d{d}.example", "deferred",
+         "451 4.7.1 try later", "4.7.1")
+        for d in range(TOP + 5)
+    ]  # fmt: skip
+    found = [r.asDict() for r in reasons(spark.createDataFrame(rows, columns), None).collect()]
+    failed = [r for r in found if r["kind"] == "failed"]
+    assert [(r["recipient_domain"], r["count"]) for r in failed] == [("big.example", 10)] * 5 + [
+        ("small.example", 1)
+    ]
+    assert [r["reason"] for r in failed[:2]] == ["policy rule A says no", "policy rule B says no"]
+    assert failed[0]["domain_count"] == 250 and failed[-1]["domain_count"] == 1
+    assert failed[-1]["example_msg_id"] == "S"
+    deferred = [r["recipient_domain"] for r in found if r["kind"] == "deferred"]
+    assert deferred == sorted(f"d{d}.example" for d in range(TOP + 5))[:TOP]
 
 
 def test_the_page_ties_the_reports_and_plots_together(report: Path) -> None:
