@@ -17,7 +17,8 @@ from aiosmtpd.smtp import Envelope, Session
 
 
 class Recorder:
-    """Keeps every message; refuses RCPT for nouser* (550) and grey* (451)."""
+    """Keeps every message; refuses RCPT for nouser* (550) and grey* (451), and greyonce*
+    the first time it is asked for each (451)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -25,6 +26,7 @@ class Recorder:
         self.encrypted: list[bool] = []  # per message: whether its session was under TLS
         self.mail_options: list[list[str]] = []  # per message: its MAIL FROM parameters
         self.connections = 0
+        self.greylisted: set[str] = set()
 
     async def handle_EHLO(
         self, server: Any, session: Session, envelope: Envelope, hostname: str, responses: Any
@@ -38,9 +40,15 @@ class Recorder:
         self, server: Any, session: Session, envelope: Envelope, address: str, options: Any
     ) -> str:
         local = address.split("@")[0]
-        if local.startswith("nouser"):
+        if local.startswith("greyonce"):  # greylisting as it is met: once, then accepted
+            with self.lock:
+                first = address not in self.greylisted
+                self.greylisted.add(address)
+            if first:
+                return "451 4.7.1 greylisted, try again later"
+        elif local.startswith("nouser"):
             return "550 5.1.1 no such user"
-        if local.startswith("grey"):
+        elif local.startswith("grey"):
             return "451 4.7.1 greylisted"
         envelope.rcpt_tos.append(address)
         return "250 2.1.5 ok"

@@ -459,6 +459,8 @@ def test_an_owner_killed_under_smtp_load_relays_every_250_and_nothing_refused(
     # or may not have been taken, and either is right.
     controller, sink, sink_port = start_sink()
     d, port = str(tmp_path / "spool"), free_port()
+    # An attempt the kill cut short is retried after the first interval: short here.
+    Spool.open(d, retry_intervals=[0.5, 1.0]).close()
     args = ["--smtp", f"127.0.0.1:{port}", "--agent", f"smtp:127.0.0.1:{sink_port}"]
     hops = b"".join(b"Received: from hop%d\r\n" % i for i in range(50))
     taken: set[str] = set()
@@ -510,3 +512,58 @@ def test_an_owner_killed_under_smtp_load_relays_every_250_and_nothing_refused(
 
 def _token(content: bytes) -> str:
     return content.split(b"X-Token: ")[1].split(b"\r\n")[0].decode()
+
+
+def test_two_listeners_a_pipelined_session_and_a_greylisted_recipient_retried(
+    tmp_path: Path,
+) -> None:
+    # Two --smtp listeners; on the second, a client that pipelines (RFC 2920: the whole
+    # envelope and DATA in one write, the message and QUIT in another) gets each reply in
+    # order. The next hop greylists one recipient once: it is deferred, retried after the
+    # spool's interval and delivered; the other recipient is delivered by the first try.
+    controller, sink, sink_port = start_sink()
+    d, port1, port2 = str(tmp_path / "spool"), free_port(), free_port()
+    Spool.open(d, retry_intervals=[0.5, 1.0]).close()
+    args = ["--smtp", f"127.0.0.1:{port1}", "--smtp", f"127.0.0.1:{port2}"]
+    try:
+        with owner(d, *args, "--agent", f"smtp:127.0.0.1:{sink_port}", "--workers", "1"):
+            with socket_module.create_connection(("127.0.0.1", port2), timeout=30) as raw:
+                replies = raw.makefile("rb")
+
+                def reply() -> bytes:
+                    lines = [replies.readline()]
+                    while lines[-1][3:4] == b"-":
+                        lines.append(replies.readline())
+                    return b"".join(lines)
+
+                assert reply().startswith(b"220 ")
+                raw.sendall(b"EHLO client.example.org\r\n")
+                assert b"250-PIPELINING" in reply()
+                raw.sendall(
+                    b"MAIL FROM:<a@example.org>\r\nRCPT TO:<ok@example.net>\r\n"
+                    b"RCPT TO:<greyonce@example.net>\r\nDATA\r\n"
+                )
+                assert [reply()[:3] for _ in range(4)] == [b"250", b"250", b"250", b"354"]
+                raw.sendall(MESSAGE + b"X-Token: piped\r\n.\r\nQUIT\r\n")
+                queued, bye = reply(), reply()
+                assert queued.startswith(b"250 2.0.0 Ok: queued as "), queued
+                assert bye.startswith(b"221"), bye
+            with session(port1) as smtp:
+                assert smtp.sendmail("b@example.org", ["ok2@example.net"], MESSAGE) == {}
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(sink.received) < 3:
+                time.sleep(0.05)
+            with connect(d) as client:
+                left = list(client.list())
+                stats = client.statistics()
+    finally:
+        controller.stop()
+    got = sorted((s, r) for s, r, _ in sink.received)
+    assert got == [
+        ("a@example.org", ("greyonce@example.net",)),
+        ("a@example.org", ("ok@example.net",)),
+        ("b@example.org", ("ok2@example.net",)),
+    ]
+    assert sink.greylisted == {"greyonce@example.net"}
+    assert left == [] and stats.deferred >= 1 and stats.delivered == 3
+    assert all(b"X-Token: piped" in c for s, _, c in sink.received if s == "a@example.org")
