@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from spool import records as rec
 from spool.arguments import check_seconds
 from spool.attempts import MessageEnvelope
 from spool.client import (
@@ -32,9 +33,12 @@ from spool.client import (
     connect,
     raise_for_one,
 )
+from spool.errors import UnknownMessage
+from spool.fs import FileSystem
 from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
 from spool.protocol import CLAIM_WAIT_MAX
-from spool.queue_view import QueueEntry
+from spool.queue_view import QueueEntry, history
+from spool.records import Position
 from spool.statistics import SpoolStatistics
 
 
@@ -121,11 +125,30 @@ class AsyncClient:
         changed: int = await self._call("retry_now", msg_id=msg_id)
         return changed
 
+    async def show(self, msg_id: str) -> builtins.list[tuple[Position, rec.Record]]:
+        """As ``Client.show``: the message's records, read from the files (in a thread:
+        never on the event loop) once the owner synced."""
+        await self.sync()
+        found = await asyncio.to_thread(history, FileSystem(), self.client.path, msg_id)
+        if not found:
+            raise UnknownMessage(msg_id)
+        return found
+
     async def statistics(self) -> SpoolStatistics:
         return SpoolStatistics(**await self._call("statistics"))
 
+    async def status(self) -> dict[str, Any]:
+        """As ``Client.status``: the owner, its workers and their attempts, its options."""
+        result: dict[str, Any] = await self._call("status")
+        return result
+
     async def sync(self) -> None:
         await self._call("sync")
+
+    async def checkpoint(self) -> dict[str, Any]:
+        """As ``Client.checkpoint``: restart positions written now."""
+        result: dict[str, Any] = await self._call("checkpoint")
+        return result
 
     async def close(self) -> None:
         await asyncio.to_thread(self.client.close)

@@ -114,6 +114,13 @@ def test_awaitable_attempts_and_operator_calls(tmp_path: Path) -> None:
             assert (stats.delivered, stats.failed) == (1, 1)
             await client.release(held)
             assert await client.retry_now() == 0
+            kinds = [type(r).__name__ for _pos, r in await client.show(kept)]
+            assert kinds == ["Envelope", "Start", "Delta", "Delta", "Finish"]
+            with pytest.raises(spool.UnknownMessage):
+                await client.show("6B49D2000F5A1C33")
+            status = await client.status()
+            assert status["pid"] > 0 and status["workers"] == []
+            assert (await client.checkpoint())["written"] is True
 
     with owner(d):
         asyncio.run(scenario())
