@@ -213,6 +213,31 @@ def test_a_worker_killed_mid_delivery_keeps_what_it_reported(tmp_path: Path) -> 
         assert client.statistics().delivered == 2
 
 
+def test_a_supervised_worker_killed_mid_delivery_is_replaced_and_the_mail_delivered(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL a worker the owner started, while its agent is in a delivery: the owner
+    starts another in its place, and the message, deferred as a crash, is delivered by it
+    (once: the killed worker had reported nothing)."""
+    d = make_spool(str(tmp_path / "spool"))
+    args = ("--agent", AGENT + "slow_by_local_part", "--workers", "1")
+    with owner(d, *args), connect(d) as client:
+        msg_id = client.accept("a@example.org", ["ok@example.net"], body(1))
+        wait_for(
+            lambda: any(w["in_flight"] for w in client.status()["workers"]),
+            what="the delivery in the worker's agent",
+        )
+        killed = client.status()["workers"][0]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: client.status()["worker_restarts"] >= 1, what="the replacement")
+        wait_for(lambda: msg_id not in {e.msg_id for e in client.list()}, what="the delivery")
+        stats = client.statistics()
+        replacement = client.status()["workers"][0]["pid"]
+    assert replacement not in (None, killed)
+    assert (stats.delivered, stats.deferred, stats.failed) == (1, 1, 0)
+    assert "status=sent" in read(d + ".log")
+
+
 def test_mail_that_kills_its_worker_is_held_by_the_crash_loop_breaker(tmp_path: Path) -> None:
     """Each death of the worker in the message's attempt counts as a crash; at the spool's
     crash limit (2 here) the message is held, and the replacement workers go on."""
