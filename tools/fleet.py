@@ -23,6 +23,7 @@ A few messages are held by the operator and released an hour later, and a few de
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -72,8 +73,10 @@ class Recipient:
     accepted_at: float
     status: str = "queued"  # delivered, failed, expired, deleted or queued
     attempts: int = 0
-    final_at: float | None = None
+    final_at: float | None = None  # an expiry's: the minute the spool was seen to end it
     last_reply: str | None = None
+    first_attempt_at: float | None = None
+    held: bool = False  # its message was held by the operator (and released an hour later)
 
 
 class Server:
@@ -86,6 +89,9 @@ class Server:
         self.truth: dict[tuple[str, str], Recipient] = {}
         self.greylisted: set[tuple[str, str]] = set()
         self.held: dict[str, float] = {}
+        self.accepted: collections.deque[tuple[float, str]] = collections.deque()
+        self.aging: set[str] = set()  # past their lifetime: expired when they leave the queue
+        self.recipients_of: dict[str, list[Recipient]] = {}
         self.spool = Spool.open(
             os.path.join(root, name),
             clock=self.clock,
@@ -115,13 +121,17 @@ class Server:
             size = int(self.rng.lognormvariate(8.5, 1.2)) + 200
             data = f"Subject: message {self.serial}\r\n\r\n".encode() + b"x" * size
             msg_id = self.spool.accept(sender, rcpts, data)
+            self.accepted.append((self.clock.wall(), msg_id))
             for r in rcpts:
                 self.truth[(msg_id, r)] = Recipient(
                     self.name, msg_id, r, r.split("@")[1], sender, len(data), self.clock.wall()
                 )
+            self.recipients_of[msg_id] = [self.truth[(msg_id, r)] for r in rcpts]
             if self.rng.random() < 0.01:
                 self.spool.hold(msg_id, "held for review")
                 self.held[msg_id] = self.clock.wall() + 3600
+                for r in rcpts:
+                    self.truth[(msg_id, r)].held = True
             elif self.rng.random() < 0.005:
                 self.spool.delete(msg_id)
                 self._end(msg_id, "deleted", None)
@@ -140,6 +150,8 @@ class Server:
                     status, reply = self._answer(attempt.msg_id, r)
                     t = self.truth[(attempt.msg_id, r)]
                     t.attempts += 1
+                    if t.first_attempt_at is None:
+                        t.first_attempt_at = self.clock.wall()
                     t.last_reply = reply
                     if status == "delivered":
                         attempt.delivered([r], reply)
@@ -149,6 +161,21 @@ class Server:
                         attempt.deferred([r], reply)
                         continue
                     t.status, t.final_at = status, self.clock.wall()
+
+    def note_expiries(self) -> None:
+        """Messages past their lifetime that the spool ended unasked (at a claim) expired
+        now: looked for once a minute, after the claims, as the spool ends them then."""
+        now = self.clock.wall()
+        while self.accepted and self.accepted[0][0] + MAX_LIFETIME <= now:
+            msg_id = self.accepted.popleft()[1]
+            if any(t.status == "queued" for t in self.recipients_of[msg_id]):
+                self.aging.add(msg_id)
+        if not self.aging:
+            return
+        live = {e.msg_id for e in self.spool.list()}
+        for msg_id in [m for m in self.aging if m not in live]:
+            self.aging.discard(msg_id)
+            self._end(msg_id, "expired", None)
 
     def _answer(self, msg_id: str, rcpt: str) -> tuple[str, str]:
         domain = rcpt.split("@")[1]
@@ -167,9 +194,10 @@ class Server:
         return "delivered", DELIVERED.format(n=f"{n:06X}")
 
     def _end(self, msg_id: str, status: str, reply: str | None) -> None:
-        for (m, _r), t in self.truth.items():
-            if m == msg_id and t.status == "queued":
-                t.status, t.final_at, t.last_reply = status, self.clock.wall(), reply
+        for t in self.recipients_of[msg_id]:
+            if t.status == "queued":
+                t.status, t.final_at = status, self.clock.wall()
+                t.last_reply = reply or t.last_reply  # an expiry keeps the last deferral's
 
     def finish(self) -> None:
         """Close the spool; what it still lists is queued, what it ended unasked expired."""
@@ -203,6 +231,7 @@ def simulate(
             server.accept_some(_poisson(server.rng, rate))
             server.release_due()
             server.deliver_due()
+            server.note_expiries()
             if minute % 60 == 59:
                 server.spool.checkpoint()
             server.clock.advance(60)

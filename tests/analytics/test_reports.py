@@ -14,7 +14,13 @@ import pytest
 
 from spool.analytics.bounces import classify
 from spool.analytics.pipeline import run_report
-from spool.analytics.reports import TOP, accountability, reasons, traffic_per_day
+from spool.analytics.reports import (
+    DELAY_BUCKETS,
+    TOP,
+    accountability,
+    reasons,
+    traffic_per_day,
+)
 from spool.analytics.tables import recipients_table
 from spool.recovery import FINISH_LOST_REASON
 
@@ -115,6 +121,125 @@ def test_traffic_per_day_is_the_truth(report: Path, fleet: Fleet) -> None:
     assert sum(r["expired"] for r in rows.values()) == expired
     [totals] = _table(report, "totals")
     assert sum(r["deferred"] for r in rows.values()) == totals["deferrals"]
+
+
+def _epoch(value: dt.datetime) -> float:
+    """A timestamp read back from Parquet as seconds (naive ones are UTC: the session's
+    time zone)."""
+    return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def _hour(epoch: float) -> float:
+    return epoch - epoch % 3600
+
+
+def test_traffic_per_hour_is_the_truth(report: Path, fleet: Fleet) -> None:
+    _, truth = fleet
+    rows = {_epoch(r["hour"]): r for r in _table(report, "traffic_per_hour")}
+    messages = {(t["server"], t["msg_id"]): t for t in truth}
+    received = collections.Counter(_hour(t["accepted_at"]) for t in messages.values())
+    assert {h: r["received"] for h, r in rows.items() if r["received"]} == dict(received)
+    kinds = [("delivered", "delivered"), ("failed", "bounced"), ("expired", "expired")]
+    for status, column in kinds:
+        ended = collections.Counter(_hour(t["final_at"]) for t in truth if t["status"] == status)
+        assert {h: r[column] for h, r in rows.items() if r[column]} == dict(ended), column
+
+
+def _percentile(values: list[float], q: int) -> float:
+    """Spark's ``percentile``: exact, interpolated linearly between the closest ranks."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def test_delays_and_their_distribution_are_the_truth(report: Path, fleet: Fleet) -> None:
+    _, truth = fleet
+    delivered = [t for t in truth if t["status"] == "delivered"]
+    per_domain = {r["recipient_domain"]: r for r in _table(report, "per_domain")}
+    split = {r["recipient_domain"]: r for r in _table(report, "delay_split")}
+    for domain in {t["domain"] for t in delivered}:
+        mine = [t for t in delivered if t["domain"] == domain]
+        delays = [t["final_at"] - t["accepted_at"] for t in mine]
+        before = [t["first_attempt_at"] - t["accepted_at"] for t in mine]
+        # Attempts take no simulated time: all the rest is waiting between attempts.
+        between = [d - b for d, b in zip(delays, before, strict=True)]
+        for q in (95, 99):
+            assert per_domain[domain][f"delay_p{q}"] == pytest.approx(_percentile(delays, q))
+        for name, values in [("before_first_attempt", before), ("between", between)]:
+            for q in (50, 95):
+                assert split[domain][f"{name}_p{q}"] == pytest.approx(_percentile(values, q))
+        assert split[domain]["in_attempts_p95"] == 0
+    buckets = collections.Counter()
+    for t in delivered:
+        delay = t["final_at"] - t["accepted_at"]
+        upper = [label for bound, label in DELAY_BUCKETS if bound is None or delay < bound]
+        buckets[upper[0]] += 1
+    histogram = {r["bucket"]: r["recipients"] for r in _table(report, "delay_distribution")}
+    assert histogram == {label: buckets[label] for _bound, label in DELAY_BUCKETS}
+    assert sum(histogram.values()) == len(delivered)
+
+
+def test_top_senders_sender_domains_and_holds_are_the_truth(report: Path, fleet: Fleet) -> None:
+    _, truth = fleet
+    for table, key in [("top_senders", "sender"), ("top_sender_domains", "sender_domain")]:
+        expected: dict[str, dict[str, Any]] = {}
+        for t in truth:
+            name = t["sender"] if key == "sender" else t["sender"].split("@")[1]
+            row = expected.setdefault(name, {"messages": set(), "recipients": 0, "bad": 0})
+            row["messages"].add((t["server"], t["msg_id"], t["size"]))
+            row["recipients"] += 1
+            row["bad"] += t["status"] in ("failed", "expired")
+        got = {r[key]: r for r in _table(report, table)}
+        assert set(got) == set(expected)  # fewer than the top 20 in the fleet
+        for name, e in expected.items():
+            assert got[name]["messages"] == len(e["messages"]), name
+            assert got[name]["bytes"] == sum(size for _s, _m, size in e["messages"]), name
+            assert got[name]["recipients"] == e["recipients"], name
+            assert got[name]["bounced_pct"] == round(e["bad"] * 100.0 / e["recipients"], 1)
+    [totals] = _table(report, "totals")
+    assert totals["holds"] == len({(t["server"], t["msg_id"]) for t in truth if t["held"]}) > 0
+
+
+def test_queue_depth_over_time_is_the_truth(report: Path, fleet: Fleet) -> None:
+    # At the end of each hour: recipients accepted before it and not yet final (delivered,
+    # bounced, expired or deleted) before it, per server, hour after hour.
+    _, truth = fleet
+    depth = _table(report, "queue_depth")
+    assert len(depth) > 40  # two servers, a day
+    for row in depth:
+        end = _epoch(row["hour_end"])
+        mine = [t for t in truth if t["server"] == row["server"]]
+        accepted = sum(1 for t in mine if t["accepted_at"] < end)
+        ended = sum(1 for t in mine if t["final_at"] is not None and t["final_at"] < end)
+        assert row["queued"] == accepted - ended, (row["server"], row["hour_end"])
+
+
+def test_a_window_counts_what_was_accepted_in_it_and_its_outcomes_in_it(
+    spark: Any, fleet: Fleet, tmp_path: Path
+) -> None:
+    out, truth = fleet
+    start = min(t["accepted_at"] for t in truth)
+    since, until = start + 6 * 3600, start + 18 * 3600
+    summary = run_report(
+        spark,
+        [str(out / "mx1"), str(out / "mx2")],
+        str(tmp_path / "r"),
+        since=dt.datetime.fromtimestamp(since, dt.UTC),
+        until=dt.datetime.fromtimestamp(until, dt.UTC),
+    )
+    inside = [t for t in truth if since <= t["accepted_at"] < until]
+    assert summary["received"] == len({(t["server"], t["msg_id"]) for t in inside})
+    assert summary["recipients"] == len(inside)
+    ended_inside = [t for t in inside if t["final_at"] is not None and t["final_at"] < until]
+    status = collections.Counter(t["status"] for t in ended_inside)
+    for name, key in [("delivered", "delivered"), ("failed", "bounced"), ("expired", "expired")]:
+        assert summary[key] == status[name], key
+    assert summary["deleted"] == status["deleted"]
+    assert summary["queued"] == len(inside) - len(ended_inside)
+    assert summary["window"] == [
+        dt.datetime.fromtimestamp(since, dt.UTC).isoformat(),
+        dt.datetime.fromtimestamp(until, dt.UTC).isoformat(),
+    ]
 
 
 def test_traffic_per_day_splits_at_utc_midnight(spark: Any) -> None:
