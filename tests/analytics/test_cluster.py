@@ -20,6 +20,7 @@ from tools.spark_cluster import SPARK_HOME, standalone_cluster
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two Spark applications on one small cluster
 def test_the_report_runs_on_a_standalone_cluster(fleet: tuple[Path, Any], tmp_path: Path) -> None:
     out, truth = fleet
     package = Path(spool.__file__).parent
@@ -37,7 +38,20 @@ def test_the_report_runs_on_a_standalone_cluster(fleet: tuple[Path, Any], tmp_pa
             capture_output=True, text=True, timeout=600,
             env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
         )  # fmt: skip
+        # The same cluster from the command line (`spool report --master`), with Spark's
+        # own log shown (--verbose).
+        cli = subprocess.run(
+            [sys.executable, "-m", "spool.cli", "report", str(out / "mx1"),
+             "--master", master, "--verbose", "--json", "--out", str(tmp_path / "r1")],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    mx1 = [t for t in truth if t["server"] == "mx1"]
+    assert json.loads(cli.stdout)["recipients"] == len(mx1)
+    assert f"report: starting Spark ({master})" in cli.stderr
+    assert "log4j" in cli.stderr  # Spark's own log, which is quiet by default
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     status = collections.Counter(t["status"] for t in truth)
     assert summary["recipients"] == len(truth)
