@@ -6,11 +6,13 @@ stops it cleanly: no new connections, workers get SIGTERM and a grace period to 
 message in hand, connections are dropped (their attempts closed: unreported recipients
 deferred), the spool closes (positions written) and the socket is removed. A second signal
 during that stop is ignored (the stop is bounded); SIGKILL at any point is just a crash,
-recovered by the next start.
+recovered by the next start. SIGUSR1 writes every thread's stack to standard error
+(``faulthandler``) and changes nothing: for an owner that seems stuck.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import logging
 import os
@@ -77,6 +79,8 @@ def serve(
             signal.signal(s, h)
         raise
     started_wall, started = time.time(), time.monotonic()
+    # Written by the C handler, whatever the threads hold (a stuck owner's locks included).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     r = sp.recovery
     log.info(
         "recovered %s: %d records in %.1f ms, %d in flight, %d torn bytes cut",
@@ -185,6 +189,7 @@ def serve(
                 lambda: stats.append(sp.statistics()),
                 sp.close,
                 *(functools.partial(signal.signal, s, h) for s, h in handlers.items()),
+                functools.partial(faulthandler.unregister, signal.SIGUSR1),
             ]
         )
     accepted, delivered, deferred, failed = (

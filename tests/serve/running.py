@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,6 +55,8 @@ def owner(directory: str, *args: str, log: str | None = None) -> Iterator[subpro
             try:
                 status = proc.wait(60)
             except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGUSR1)  # every thread's stack, into the log
+                time.sleep(1)
                 proc.kill()
                 proc.wait()
                 raise AssertionError(f"owner did not stop on SIGTERM: {read(log_path)}") from None

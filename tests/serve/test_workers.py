@@ -419,6 +419,19 @@ def test_replies_an_agent_gets_wrong_defer_or_are_cleaned_and_the_worker_goes_on
     assert status["worker_restarts"] == 0
 
 
+def test_sigusr1_writes_every_threads_stack_and_changes_nothing(tmp_path: Path) -> None:
+    # For an owner that seems stuck: what each thread is doing, in its log.
+    d = make_spool(str(tmp_path / "spool"))
+    with owner(d, "--agent", AGENT + "by_local_part", "--workers", "1") as proc:
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "Current thread" in read(d + ".log"), what="the stacks")
+        with connect(d) as client:  # still serving
+            client.accept("a@example.org", ["ok@example.net"], body(1))
+            wait_for(lambda: client.statistics().delivered == 1, what="the delivery")
+    log = read(d + ".log")
+    assert "in serve" in log and "stopped after" in log  # the main thread's frame; a clean stop
+
+
 def test_connect_gives_up_on_an_owner_that_does_not_answer(tmp_path: Path) -> None:
     from spool.errors import OwnerUnreachable
 
