@@ -32,12 +32,11 @@ from spool.client import (
     check_attempt_open,
     connect,
     raise_for_one,
+    recorded_history,
 )
-from spool.errors import UnknownMessage
-from spool.fs import FileSystem
 from spool.operator import BOUNCED_REPLY, DELETED_REPLY, HELD_REASON, ActionResult, OperatorAction
 from spool.protocol import CLAIM_WAIT_MAX
-from spool.queue_view import QueueEntry, history
+from spool.queue_view import QueueEntry
 from spool.records import Position
 from spool.statistics import SpoolStatistics
 
@@ -129,10 +128,7 @@ class AsyncClient:
         """As ``Client.show``: the message's records, read from the files (in a thread:
         never on the event loop) once the owner synced."""
         await self.sync()
-        found = await asyncio.to_thread(history, FileSystem(), self.client.path, msg_id)
-        if not found:
-            raise UnknownMessage(msg_id)
-        return found
+        return await asyncio.to_thread(recorded_history, self.client.path, msg_id)
 
     async def statistics(self) -> SpoolStatistics:
         return SpoolStatistics(**await self._call("statistics"))

@@ -89,6 +89,15 @@ def owner_running(directory: str) -> bool:
     return True
 
 
+def recorded_history(path: str, msg_id: str) -> builtins.list[tuple[Position, rec.Record]]:
+    """A message's records read from the spool's files (``show`` over the socket, once the
+    owner synced: the same user may read them); ``UnknownMessage`` if there are none."""
+    found = history(FileSystem(), path, msg_id)
+    if not found:
+        raise UnknownMessage(msg_id)
+    return found
+
+
 def connect(directory: str | os.PathLike[str], timeout: float = 5.0) -> Client:
     """Connect to the owner serving ``directory`` (``spool serve``).
 
@@ -283,10 +292,7 @@ class Client:
     def show(self, msg_id: str) -> builtins.list[tuple[Position, rec.Record]]:
         """As ``Spool.show``: read from the files (the same user's) once the owner synced."""
         self._call("sync")
-        found = history(FileSystem(), self.path, msg_id)
-        if not found:
-            raise UnknownMessage(msg_id)
-        return found
+        return recorded_history(self.path, msg_id)
 
     def hold(self, msg_id: str, reason: str = HELD_REASON) -> None:
         self._one(OperatorAction.HOLD, msg_id, reason)

@@ -386,7 +386,10 @@ def accountability(events: DataFrame, recipients: DataFrame) -> DataFrame:
     when the spool kept its contract."""
     twice = F.col("finals") > 1
     problem = F.when(twice, F.concat(F.col("finals").cast("string"), F.lit(" final outcomes")))
-    lost = F.concat(F.lit("finished with no outcome recorded: "), F.col("lost_why"))
+    # (R5's finish names the recipients whose deltas survived and says why in its reason,
+    # which their rows do not carry: a recipient it leaves out has no reason to quote.)
+    why = F.when(F.col("lost_why") != "", F.concat(F.lit(": "), F.col("lost_why")))
+    lost = F.concat(F.lit("finished with no outcome recorded"), F.coalesce(why, F.lit("")))
     return (
         recipients.where(twice | _status(UNKNOWN))
         .select(
