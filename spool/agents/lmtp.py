@@ -9,13 +9,10 @@ a broken or refused connection or a timeout defers every recipient.
 
 from __future__ import annotations
 
-import re
 import smtplib
 
 from spool.agents.smtp import TIMEOUT, SmtpAgent, _reply, port_number
 from spool.errors import SpoolMisuse
-
-_LEADING_DOT = re.compile(rb"(?m)^\.")
 
 
 class LmtpAgent(SmtpAgent):
@@ -31,15 +28,8 @@ class LmtpAgent(SmtpAgent):
             raise smtplib.SMTPHeloError(code, text)
         return lmtp
 
-    def _data(self, smtp: smtplib.SMTP, data: bytes, accepted: list[str]) -> dict[str, str]:
-        code, text = smtp.docmd("DATA")
-        if code != 354:
-            smtp.rset()
-            return dict.fromkeys(accepted, _reply(code, text))
-        body = _LEADING_DOT.sub(b"..", data)  # dot-stuffing (RFC 5321 4.5.2)
-        if not body.endswith(b"\r\n"):
-            body += b"\r\n"
-        smtp.send(body + b".\r\n")
+    def _final_replies(self, smtp: smtplib.SMTP, accepted: list[str]) -> dict[str, str]:
+        """LMTP: each accepted recipient settled by its own reply to the data."""
         replies: dict[str, str] = {}
         for rcpt in accepted:  # one reply per accepted recipient, in RCPT order
             try:

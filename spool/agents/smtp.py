@@ -7,6 +7,11 @@ recipient that was accepted: 2xx delivered, 4xx deferred, 5xx failed. A refused 
 FROM`` settles them all with its reply; a broken connection, a timeout or a refused
 connection defers them all (451 4.4.1 / 4.4.2), as an MTA does.
 
+Where the next hop offers PIPELINING (RFC 2920), ``MAIL``, every ``RCPT`` and ``DATA`` go
+in one write and their replies are read in order, as Postfix's smtp(8) sends them: two
+round trips a message (the commands, then the body) instead of three and one per
+recipient. A next hop that does not offer it is asked one command at a time.
+
 TLS, as Postfix's ``smtp_tls_security_level``, given after the port
 (``smtp:HOST:PORT,tls=LEVEL[,cafile=PEM]``):
 
@@ -271,16 +276,17 @@ class SmtpAgent:
         options = ["SMTPUTF8"] if needed and utf8 else []
         if smtp.has_extn("8bitmime") and not data.isascii():
             options.append("BODY=8BITMIME")  # RFC 6152
+        replies = {r: refused for r in envelope.recipients if needs_smtputf8(r) and not utf8}
+        asked = [r for r in envelope.recipients if r not in replies]
+        if smtp.has_extn("pipelining"):
+            replies.update(self._pipelined(smtp, envelope.sender, options, asked, data))
+            return replies
         code, text = smtp.mail(_as_sent(envelope.sender), options)
         if code // 100 != 2:
             smtp.rset()
             return {r: _reply(code, text) for r in envelope.recipients}
-        replies: dict[str, str] = {}
         accepted = []
-        for rcpt in envelope.recipients:
-            if needs_smtputf8(rcpt) and not utf8:
-                replies[rcpt] = refused
-                continue
+        for rcpt in asked:
             code, text = smtp.rcpt(_as_sent(rcpt))
             if code // 100 == 2:  # 250, 251, 252: accepted (as Postfix takes any 2xx)
                 accepted.append(rcpt)
@@ -289,17 +295,51 @@ class SmtpAgent:
         if not accepted:
             smtp.rset()
             return replies
-        replies.update(self._data(smtp, data, accepted))
-        return replies
-
-    def _data(self, smtp: smtplib.SMTP, data: bytes, accepted: list[str]) -> dict[str, str]:
-        """SMTP: the one reply to the data settles every accepted recipient."""
-        text: bytes | str
-        try:
-            code, text = smtp.data(data)
-        except smtplib.SMTPDataError as e:  # DATA itself refused (no 354)
-            code, text = e.smtp_code, e.smtp_error
+        code, text = smtp.docmd("DATA")
+        if code != 354:  # DATA itself refused
             smtp.rset()
+            return replies | dict.fromkeys(accepted, _reply(code, text))
+        _send_body(smtp, data)
+        return replies | self._final_replies(smtp, accepted)
+
+    def _pipelined(
+        self, smtp: smtplib.SMTP, sender: str, options: list[str], asked: list[str], data: bytes
+    ) -> dict[str, str]:
+        """RFC 2920: ``MAIL``, a ``RCPT`` for each of ``asked`` and ``DATA`` in one write,
+        their replies read in order; the body follows a 354 only if a recipient was
+        accepted after an accepted ``MAIL``. Each of ``asked`` gets its reply."""
+        params = "".join(" " + option for option in options)
+        lines = [f"MAIL FROM:{smtplib.quoteaddr(_as_sent(sender))}{params}"]
+        lines += [f"RCPT TO:{smtplib.quoteaddr(_as_sent(rcpt))}" for rcpt in asked]
+        lines.append("DATA")
+        encoding = "utf-8" if "SMTPUTF8" in options else "ascii"  # as smtplib.mail() does
+        smtp.send("".join(line + "\r\n" for line in lines).encode(encoding))
+        mail_code, mail_text = smtp.getreply()
+        replies: dict[str, str] = {}
+        accepted = []
+        for rcpt in asked:
+            code, text = smtp.getreply()
+            if mail_code // 100 != 2:  # every RCPT after a refused MAIL is moot
+                replies[rcpt] = _reply(mail_code, mail_text)
+            elif code // 100 == 2:  # 250, 251, 252: accepted (as Postfix takes any 2xx)
+                accepted.append(rcpt)
+            else:
+                replies[rcpt] = _reply(code, text)
+        code, text = smtp.getreply()  # DATA's
+        if code != 354:  # refused (503/554 with no recipient): nothing was sent
+            return replies | dict.fromkeys(accepted, _reply(code, text))
+        if not accepted:
+            # A next hop that took DATA with nothing to deliver it to: an empty message,
+            # ended at once and its reply disregarded (RFC 2920 section 3.1).
+            smtp.send(b".\r\n")
+            smtp.getreply()
+            return replies
+        _send_body(smtp, data)
+        return replies | self._final_replies(smtp, accepted)
+
+    def _final_replies(self, smtp: smtplib.SMTP, accepted: list[str]) -> dict[str, str]:
+        """SMTP: the one reply to the data settles every accepted recipient."""
+        code, text = smtp.getreply()
         return dict.fromkeys(accepted, _reply(code, text))
 
     def _drop(self) -> None:
@@ -314,6 +354,19 @@ class SmtpAgent:
             with contextlib.suppress(smtplib.SMTPException, OSError):
                 self._smtp.quit()
             self._drop()
+
+
+_LINE_END: Final = re.compile(rb"\r\n|\n|\r(?!\n)")
+_LEADING_DOT: Final = re.compile(rb"(?m)^\.")
+
+
+def _send_body(smtp: smtplib.SMTP, data: bytes) -> None:
+    """The message after a 354: lines ended CRLF, dot-stuffed (RFC 5321 4.5.2), and the
+    ending dot, as ``smtplib.SMTP.data`` sends it."""
+    body = _LEADING_DOT.sub(b"..", _LINE_END.sub(b"\r\n", data))
+    if not body.endswith(b"\r\n"):
+        body += b"\r\n"
+    smtp.send(body + b".\r\n")
 
 
 def tls_context(level: str, cafile: str | None) -> ssl.SSLContext | None:

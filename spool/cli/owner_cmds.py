@@ -34,6 +34,19 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
     "routes:PATH (a transport map), lmtp:HOST:PORT, python:MODULE:CALLABLE.",
 )
 @click.option(
+    "--relay",
+    metavar="HOST:PORT",
+    help="Relay everything to this smarthost: the same as --agent smtp:HOST:PORT "
+    "(Postfix's relayhost).",
+)
+@click.option(
+    "--transport-map",
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Relay by recipient domain through a transport(5)-shaped map: the same as "
+    "--agent routes:PATH.",
+)
+@click.option(
     "--workers",
     type=click.IntRange(0, 256),
     help="Worker processes [default: 2 with --agent, else 0: clients claim over the socket].",
@@ -145,6 +158,8 @@ SERVE_EXTRA = "pip install 'mailspool[serve]'"
 def serve(
     directory: str,
     agent: str | None,
+    relay: str | None,
+    transport_map: str | None,
     workers: int | None,
     max_use: int,
     attempt_timeout: float,
@@ -172,8 +187,9 @@ def serve(
     Examples:
       spool serve var/spool --agent demo --workers 2
       spool serve var/spool --agent maildir:/var/mail --workers 4
-      spool serve var/spool --smtp 127.0.0.1:2525 --agent smtp:mail.example.net:25
+      spool serve var/spool --smtp 127.0.0.1:2525 --relay mail.example.net:25
     """
+    agent = _agent_spec(agent, relay, transport_map)
     count = workers if workers is not None else (2 if agent else 0)
     if count and not agent:
         raise click.UsageError("workers need an agent: give --agent (for example --agent demo)")
@@ -228,6 +244,22 @@ def serve(
     )
     # Stopped cleanly either way; after Ctrl-C the status says so, as a shell expects.
     sys.exit(SIGINT_EXIT if stopped_by == signal.SIGINT else 0)
+
+
+def _agent_spec(agent: str | None, relay: str | None, transport_map: str | None) -> str | None:
+    """The agent ``--agent``, ``--relay`` or ``--transport-map`` names (one of them)."""
+    given = [
+        spec
+        for spec in (
+            agent,
+            None if relay is None else "smtp:" + relay,
+            None if transport_map is None else "routes:" + transport_map,
+        )
+        if spec is not None
+    ]
+    if len(given) > 1:
+        raise click.UsageError("give one of --agent, --relay and --transport-map")
+    return given[0] if given else None
 
 
 def _smtp_options(

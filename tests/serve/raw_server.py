@@ -38,6 +38,7 @@ def raw_server(script: Script) -> Iterator[Any]:
     server: Any = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Session)
     server.daemon_threads = True
     server.script, server.sessions, server.messages = script, 0, []
+    server.batches = []  # for scripts that keep the commands of each transaction
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

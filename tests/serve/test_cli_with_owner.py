@@ -111,6 +111,12 @@ def test_serve_refuses_bad_arguments_before_opening(tmp_path: Path) -> None:
     assert done.returncode == 1 and "unknown agent" in done.stderr
     done = spool_cmd("serve", d, "--agent", "smtp:nohostport")
     assert done.returncode == 1 and "smtp:HOST:PORT" in done.stderr
+    done = spool_cmd("serve", d, "--relay", "nohostport")
+    assert done.returncode == 1 and "smtp:HOST:PORT" in done.stderr
+    done = spool_cmd("serve", d, "--relay", "mx.example:25", "--agent", "demo")
+    assert done.returncode == 2 and "one of --agent, --relay and --transport-map" in done.stderr
+    done = spool_cmd("serve", d, "--transport-map", str(tmp_path / "none"))
+    assert done.returncode == 1 and "cannot read the transport map" in done.stderr
     assert not (tmp_path / "spool").exists()
 
 

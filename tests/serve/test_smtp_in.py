@@ -30,11 +30,12 @@ def session(port: int) -> smtplib.SMTP:
 
 
 def test_a_relay_takes_mail_in_over_smtp_and_sends_it_on_over_smtp(tmp_path: Path) -> None:
-    # The whole relay: SMTP in, 250 once durable, a worker's smtp agent to the next hop.
+    # The whole relay: SMTP in, 250 once durable, a worker's smtp agent to the next hop
+    # (--relay, Postfix's relayhost: the smtp agent).
     controller, sink, sink_port = start_sink()
     d, port = str(tmp_path / "spool"), free_port()
     try:
-        args = ["--smtp", f"127.0.0.1:{port}", "--agent", f"smtp:127.0.0.1:{sink_port}"]
+        args = ["--smtp", f"127.0.0.1:{port}", "--relay", f"127.0.0.1:{sink_port}"]
         with owner(d, *args, "--workers", "1", "--smtp-hostname", "relay.example.org"):
 
             def send(i: int) -> str:
@@ -187,13 +188,15 @@ def test_a_relay_bounces_failed_recipients_to_their_sender_but_never_a_bounce(
 ) -> None:
     # SMTP in, a 550 from the next hop, and the RFC 3464 notice relayed back to the sender
     # through the same next hop; a message from <> that fails is dropped, not bounced.
+    # The next hop is a transport map's (--transport-map: the routes agent).
     import email
     import email.policy
 
     controller, sink, sink_port = start_sink()
     d, port = str(tmp_path / "spool"), free_port()
+    (tmp_path / "transport").write_text(f"*  smtp:127.0.0.1:{sink_port}\n")
     try:
-        args = ["--smtp", f"127.0.0.1:{port}", "--agent", f"smtp:127.0.0.1:{sink_port}"]
+        args = ["--smtp", f"127.0.0.1:{port}", "--transport-map", str(tmp_path / "transport")]
         with owner(d, *args, "--bounces", "--smtp-hostname", "relay.example.org"):
             with session(port) as smtp:
                 smtp.sendmail("a@example.org", ["nouser1@example.net", "ok@example.net"], MESSAGE)
