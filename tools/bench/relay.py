@@ -673,10 +673,11 @@ def render(trials: list[Trial], systems: list[str], sessions: list[int], args: A
         f"{args.max_use}.",
         "",
         "| sessions | system | accepted msg/s (min–max) | relayed msg/s (min–max) "
-        "| CPU ms/msg | owner CPU % of a core | fsync/msg | disk flushes/msg "
-        "| other load | problems |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| last 250 to last at sink, s | CPU ms/msg | owner CPU % of a core | fsync/msg "
+        "| disk flushes/msg | other load | problems |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    fsyncs: dict[tuple[int, str], float | None] = {}
     med: dict[tuple[int, str], tuple[float | None, float | None]] = {}
     for s in sessions:
         for system in systems:
@@ -692,7 +693,10 @@ def render(trials: list[Trial], systems: list[str], sessions: list[int], args: A
                     if t.owner_cpu_s is not None
                 ]
             )
-            fs = _median([t.fsyncs / t.messages for t in ts if t.fsyncs is not None])
+            tail = _median([t.relay_s - t.accept_s for t in ts if t.relay_s is not None])
+            fs = fsyncs[s, system] = _median(
+                [t.fsyncs / t.messages for t in ts if t.fsyncs is not None]
+            )
             fs_text = "1 (recipe's strace)" if system == POSTFIX else _fmt(fs, ".2f")
             fl = _median([t.disk_flushes / t.messages for t in ts if t.disk_flushes is not None])
             other = _median([t.other_busy_frac for t in ts])
@@ -701,7 +705,8 @@ def render(trials: list[Trial], systems: list[str], sessions: list[int], args: A
             probs = f"{problems} ({deferred} deferred)" if deferred else str(problems)
             lines.append(
                 f"| {s} | {system} | {_fmt(med[s, system][0])} ({_spread(acc)}) "
-                f"| {_fmt(med[s, system][1])} ({_spread(rel)}) | {_fmt(cpu, '.2f')} "
+                f"| {_fmt(med[s, system][1])} ({_spread(rel)}) | {_fmt(tail, '.2f')} "
+                f"| {_fmt(cpu, '.2f')} "
                 f"| {_fmt(owner, '.0f')} | {fs_text} | {_fmt(fl, '.2f')} "
                 f"| {_fmt(other, '.2f')} | {probs} |"
             )
@@ -722,7 +727,42 @@ def render(trials: list[Trial], systems: list[str], sessions: list[int], args: A
                 f"| {s} | {system} | {_fmt(ra, '.2f')}x | {_fmt(rr, '.2f')}x "
                 f"| accepts {_verdict(ra).split(' (')[0]}, relays {_verdict(rr)} |"
             )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", _target(med, fsyncs, systems)])
+
+
+TARGET_SESSIONS, TARGET_RATIO, TARGET_FSYNCS = 20, 1.5, 0.1
+
+
+def _target(
+    med: dict[tuple[int, str], tuple[float | None, float | None]],
+    fsyncs: dict[tuple[int, str], float | None],
+    systems: list[str],
+) -> str:
+    """The target line: the best spool variant's relay rate at 20 sessions against
+    1.5x Postfix's, and its fsyncs per message against 0.1."""
+    want = (
+        f"Target: relayed >= {TARGET_RATIO}x Postfix at {TARGET_SESSIONS} sessions, "
+        f"at <= {TARGET_FSYNCS} fsync/msg"
+    )
+    postfix = med.get((TARGET_SESSIONS, POSTFIX), (None, None))[1]
+    rates = {
+        system: rate
+        for system in systems
+        if system != POSTFIX and (rate := med.get((TARGET_SESSIONS, system), (None, None))[1])
+    }
+    if not postfix or not rates:
+        return f"{want}: not measured (run with {TARGET_SESSIONS} among --sessions)."
+    best = max(rates, key=lambda system: rates[system])
+    ratio, fs = rates[best] / postfix, fsyncs.get((TARGET_SESSIONS, best))
+    fs_ok = fs is not None and fs <= TARGET_FSYNCS
+    if ratio >= TARGET_RATIO and fs_ok:
+        return f"{want}: **met** by {best} ({ratio:.2f}x, {_fmt(fs, '.2f')} fsync/msg)."
+    short = []
+    if ratio < TARGET_RATIO:
+        short.append(f"{ratio:.2f}x Postfix, {TARGET_RATIO / ratio:.1f} times too slow")
+    if not fs_ok:
+        short.append(f"{_fmt(fs, '.2f')} fsync/msg")
+    return f"{want}: **missed**; the best, {best}: {'; '.join(short)}."
 
 
 # ---------------------------------------------------------------- main
@@ -766,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.bench.relay", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--messages", type=int, default=10_000, help="per trial [10000]")
-    p.add_argument("--sessions", type=_ints, default=[1, 20], help="comma list [1,20]")
+    p.add_argument("--sessions", type=_ints, default=[1, 20, 50], help="comma list [1,20,50]")
     p.add_argument("--size", type=int, default=4096, help="message size in bytes [4096]")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds [3]")
     p.add_argument("--workers", type=_ints, default=[2, 4], help="spool variants [2,4]")

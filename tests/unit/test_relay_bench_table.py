@@ -1,0 +1,36 @@
+"""The relay benchmark's table (tools/bench/relay.py): the time from the last 250 to the
+last message at the sink, and the line that checks the issue's target."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+
+from tools.bench.relay import POSTFIX, Trial, render
+
+ARGS = Namespace(repeats=1, messages=1000, size=4096, max_use=1000)
+
+
+def trial(system: str, sessions: int, accept_s: float, relay_s: float, fsyncs: int | None) -> Trial:
+    return Trial(system, sessions, 1000, 4096, 1, accept_s=accept_s, relay_s=relay_s,
+                 fsyncs=fsyncs)  # fmt: skip
+
+
+def test_a_missed_target_says_by_how_much_and_the_tail_is_a_column() -> None:
+    trials = [trial(POSTFIX, 20, 1.5, 2.0, None), trial("spool w2", 20, 3.0, 4.0, 20)]
+    table = render(trials, [POSTFIX, "spool w2"], [20], ARGS)
+    assert "last 250 to last at sink, s" in table
+    assert "| 20 | spool w2 | 333 (333–333) | 250 (250–250) | 1.00 |" in table
+    assert "| 20 | postfix | 667 (667–667) | 500 (500–500) | 0.50 |" in table
+    assert table.endswith("**missed**; the best, spool w2: 0.50x Postfix, 3.0 times too slow.")
+
+
+def test_the_target_is_met_only_with_few_fsyncs_too() -> None:
+    fast = [trial(POSTFIX, 20, 1.5, 2.0, None), trial("spool w4", 20, 1.0, 1.2, 50)]
+    met = render(fast, [POSTFIX, "spool w4"], [20], ARGS)
+    assert met.endswith("**met** by spool w4 (1.67x, 0.05 fsync/msg).")
+    fast[1].fsyncs = 500
+    assert render(fast, [POSTFIX, "spool w4"], [20], ARGS).endswith(
+        "**missed**; the best, spool w4: 0.50 fsync/msg."
+    )
+    unmeasured = render(fast[:1], [POSTFIX], [20], ARGS)
+    assert unmeasured.endswith("not measured (run with 20 among --sessions).")
