@@ -1,4 +1,5 @@
-"""``python -m tools.bench.analytics``: the delivery analytics, measured (docs/analytics.md).
+"""``python -m tools.bench.analytics``: the delivery analytics, measured (the results:
+docs/performance.md; the pipeline: docs/analytics.md).
 
 1. a simulated fleet of about ``--records`` log records (``tools.fleet``; kept in
    ``var/bench-fleet`` between runs, made again when asked for more);
