@@ -147,16 +147,7 @@ def save(path: str, results: dict[str, Any]) -> None:
 
 def update_doc(path: str, text: str) -> None:
     """Replace the generated block of ``path`` (between the markers) with ``text``."""
-    with open(path) as f:
-        doc = f.read()
-    begin, end = doc.find(DOC_BEGIN), doc.find(DOC_END)
-    if begin < 0 or end < begin:
-        raise SystemExit(f"{path}: bench markers not found; not updated")
-    doc = doc[: begin + len(DOC_BEGIN)] + "\n\n" + text + "\n" + doc[end:]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(doc)
-    os.replace(tmp, path)
+    report.replace_generated(path, DOC_BEGIN, DOC_END, text)
 
 
 def main(argv: list[str] | None = None) -> None:

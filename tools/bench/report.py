@@ -8,6 +8,7 @@ the measured value and met/missed.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -258,3 +259,19 @@ def labels_table(labels: dict[str, str]) -> list[str]:
     return ["| system | what it is |", "|---|---|"] + [
         f"| {name} | {label} |" for name, label in labels.items()
     ]
+
+
+def replace_generated(path: str, begin: str, end: str, text: str) -> None:
+    """Replace the block of ``path`` between the markers ``begin`` and ``end`` with
+    ``text`` (written to a temporary file, then renamed over it); refuses a file without
+    the markers rather than guessing where the block goes."""
+    with open(path) as f:
+        doc = f.read()
+    start, stop = doc.find(begin), doc.find(end)
+    if start < 0 or stop < start:
+        raise SystemExit(f"{path}: the markers {begin!r} and {end!r} not found; not updated")
+    doc = doc[: start + len(begin)] + "\n\n" + text + "\n" + doc[stop:]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(doc)
+    os.replace(tmp, path)

@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from spool import MessageEnvelope, Spool, connect
+from tools.bench.report import replace_generated
 from tools.bench.spawn import ROOT, run_json
 from tools.bench.systems import Message
 
@@ -267,12 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     text = render(results, args.seconds, args.rounds)
     print(text)
     if args.doc:
-        with open(args.doc) as f:
-            doc = f.read()
-        head, _, rest = doc.partition(DOC_BEGIN)
-        _, _, tail = rest.partition(DOC_END)
-        with open(args.doc, "w") as f:
-            f.write(f"{head}{DOC_BEGIN}\n{text}\n{DOC_END}{tail}")
+        replace_generated(args.doc, DOC_BEGIN, DOC_END, text)
 
 
 if __name__ == "__main__":

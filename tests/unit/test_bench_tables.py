@@ -1,11 +1,16 @@
-"""The relay benchmark's table (tools/bench/relay.py): the time from the last 250 to the
-last message at the sink, and the line that checks the issue's target."""
+"""The benchmarks' tables: the relay's (tools/bench/relay.py: the time from the last 250
+to the last message at the sink, and the line that checks the target), and the generated
+blocks of docs/performance.md, replaced between their markers."""
 
 from __future__ import annotations
 
 from argparse import Namespace
+from pathlib import Path
+
+import pytest
 
 from tools.bench.relay import POSTFIX, Trial, render
+from tools.bench.report import replace_generated
 
 ARGS = Namespace(repeats=1, messages=1000, size=4096, max_use=1000)
 
@@ -34,3 +39,14 @@ def test_the_target_is_met_only_with_few_fsyncs_too() -> None:
     )
     unmeasured = render(fast[:1], [POSTFIX], [20], ARGS)
     assert unmeasured.endswith("not measured (run with 20 among --sessions).")
+
+
+def test_a_generated_block_is_replaced_between_its_markers_only(tmp_path: Path) -> None:
+    doc = tmp_path / "performance.md"
+    doc.write_text("intro\n<!-- x:begin -->\nold table\n<!-- x:end -->\noutro\n")
+    replace_generated(str(doc), "<!-- x:begin -->", "<!-- x:end -->", "new table")
+    assert doc.read_text() == "intro\n<!-- x:begin -->\n\nnew table\n<!-- x:end -->\noutro\n"
+    doc.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="not found; not updated"):
+        replace_generated(str(doc), "<!-- x:begin -->", "<!-- x:end -->", "new table")
+    assert doc.read_text() == "no markers\n"
