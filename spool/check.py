@@ -194,10 +194,14 @@ class CheckReport:
 
     @property
     def mail_affected(self) -> bool:
-        """Whether the damage touched mail: a message named, or records of unknown kind
-        lost (an accept among them would be lost unnamed)."""
+        """Whether the damage touched mail: a message named by damage not yet set aside,
+        records of unknown kind lost (an accept among them would be lost unnamed), or a
+        repair left unfinished. The messages an earlier, finished repair settled are notes:
+        a second repair does not count them again (it would exit 1 for ever)."""
         unknown = any(r.kind is RegionKind.RECORDS and not r.lost for r in self.regions)
-        return bool(self.affected) or unknown or bool(self.missing_segments)
+        new = any(not a.region.marker for a in self.affected)
+        unfinished = any(p.kind is ProblemKind.UNFINISHED_REPAIR for p in self.problems)
+        return new or unknown or unfinished or bool(self.missing_segments)
 
 
 CHECK_PASSES = 3  # passes over a spool that changes under each, before settling for less

@@ -152,8 +152,11 @@ def check(directory: str, repair: bool, as_json: bool) -> None:
         if repaired is not None:
             for line in repaired.actions:
                 click.echo(f"repaired: {line}")
+            earlier = {a.msg_id for a in report.affected if a.region.marker}
+            earlier -= {a.msg_id for a in report.affected if not a.region.marker}
             for msg_id, fate in repaired.fates:
-                click.echo(f"affected: {msg_id}: {fate}")
+                said = "settled by an earlier repair" if msg_id in earlier else "affected"
+                click.echo(f"{said}: {msg_id}: {fate}")
             for problem in repaired.after.problems:
                 click.echo(f"still: {problem.path} at offset {problem.offset}: {problem.what}")
             state = "clean" if repaired.after.clean else "still damaged"

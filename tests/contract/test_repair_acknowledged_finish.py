@@ -10,12 +10,15 @@ tests/crash/test_regressions.py); these pin each form of it with the public API.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spool import Spool
+from spool import format as fmt
 from spool import records as rec
 from spool.check import check_spool, repair_spool
 from spool.damage import Verdict
@@ -23,6 +26,15 @@ from spool.fs import FileSystem
 from spool.positions import load_positions
 from spool.testing import FakeClock
 from tests.contract.repairing import OPTS, T0, claimed_later, flip, records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_spool(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``spool`` command in a real process, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "spool.cli", *args], capture_output=True, text=True, cwd=ROOT
+    )
 
 
 def finished_and_acknowledged(root: Path, body: bytes, *, deliver: bool = True) -> str:
@@ -188,3 +200,29 @@ def test_a_lost_finish_with_no_acknowledgement_is_still_decided_again(tmp_path: 
         outcome = sp.next_outcome(timeout=1)
         assert outcome is not None and outcome.msg_id == m
         assert {o.status for o in outcome.recipients} == {rec.DELIVERED}
+
+
+def test_check_repair_run_again_exits_0_and_names_what_the_first_run_settled(
+    tmp_path: Path,
+) -> None:
+    # Before: every later `spool check --repair` of the repaired spool counted the message
+    # the first one had settled as affected again, and exited 1 for ever (an operator's
+    # script would alert on every run).
+    root = tmp_path / "spool"
+    m = finished_and_acknowledged(root, b"y" * 300)
+    damage_records(root, m, (rec.Delta, rec.Finish))
+    first = run_spool("check", "--repair", str(root))
+    assert first.returncode == 1 and f"affected: {m}: finish lost" in first.stdout
+    again = run_spool("check", "--repair", str(root))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"settled by an earlier repair: {m}: finish lost" in again.stdout
+    assert "repaired:" not in again.stdout and "after repair: clean" in again.stdout
+    checked = run_spool("check", str(root))
+    assert checked.returncode == 0 and f"note: {m}: finish lost" in checked.stdout
+    # A repair that did not finish (its flag left behind, as a crash before its end
+    # leaves it) still counts: its messages were never reported.
+    (root / fmt.REPAIRING_NAME).write_text("1\n")
+    interrupted = run_spool("check", "--repair", str(root))
+    assert interrupted.returncode == 1, interrupted.stdout + interrupted.stderr
+    assert not (root / fmt.REPAIRING_NAME).exists()
+    assert run_spool("check", "--repair", str(root)).returncode == 0
