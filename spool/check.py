@@ -101,7 +101,7 @@ from spool.damage import (
     whole_ids_read,
 )
 from spool.directory import archive_file, check_layout
-from spool.errors import CorruptSpool, SpoolError, SpoolMisuse, UnknownMessage
+from spool.errors import CorruptSpool, SegmentUnreadable, SpoolError, SpoolMisuse, UnknownMessage
 from spool.fs import FileSystem, read_file, write_file_durably
 from spool.lock import OwnerLock
 from spool.operator import ActionResult, OperatorAction
@@ -761,7 +761,15 @@ def _missing_region(number: int) -> Region:
 def _scan(
     fs: FileSystem, log_dir: str, seg: int, newest: int, positions: RestartPositions | None
 ) -> SegmentScan:
-    data = read_file(fs, _segment_path(log_dir, seg))
+    path = _segment_path(log_dir, seg)
+    try:
+        data = read_file(fs, path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        # Not damage: what cannot be read cannot be checked, nor may the repair set it
+        # aside (the mail in it is intact as far as anyone knows). Refused, nothing written.
+        raise SegmentUnreadable.from_os_error(path, exc) from None
     consistent = positions.consistent if positions is not None else Position(0, 0)
     if consistent.segment > seg:
         durable_end = len(data)

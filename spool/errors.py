@@ -8,7 +8,9 @@ Three kinds, after Postfix's diagnostics classes:
   temporary back-pressure of ``min_free_bytes`` (answer SMTP 452, never 5xx) and changes
   nothing. ``SpoolFailed`` is sticky: a write or fsync failed, the on-disk state is
   unknown, every later write raises it; close and reopen the spool (reopening recovers);
-* bad data (``CorruptSpool``): a file failed its checksum where no crash can explain it.
+* bad data (``CorruptSpool``): a file failed its checksum where no crash can explain it;
+  a file that cannot be read at all (``SegmentUnreadable``) is not bad data, and is never
+  set aside.
 
 Bugs are ``AssertionError``: let them crash the process; the next open recovers.
 Each message says what to do next.
@@ -16,6 +18,7 @@ Each message says what to do next.
 
 from __future__ import annotations
 
+import errno
 import os
 
 
@@ -189,16 +192,31 @@ class JavaMissing(SpoolError):
 
 
 class SegmentUnreadable(SpoolError):
-    """``spool report``: reading a segment file failed (an I/O error; one that cannot be
-    opened at all is ``CorruptSpool``, as the reader names it). Nothing was written; make
-    it readable, or move it out of the log directory."""
+    """A file of the log that cannot be read: its permissions shut this user out, or the
+    device failed reading it. Not damage: nothing is known to be wrong with its bytes, so
+    nothing sets it aside (``spool check --repair`` would take the mail in it out of the
+    queue), and nothing was written. Make it readable to the spool's user; after an I/O
+    error, see the system log and copy the spool to a sound disk first."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, errno_: int | None = None) -> None:
+        if errno_ in (errno.EACCES, errno.EPERM):
+            advice = "its owner or mode shuts this user out: make it readable to the spool's user"
+        elif errno_ == errno.EIO:
+            advice = (
+                "the device failed reading it: see the system log (dmesg) and copy the spool "
+                "to a sound disk before anything else"
+            )
+        else:
+            advice = "mend the cause and run the command again"
         super().__init__(
-            f"cannot read {path}: {reason}; make it readable to this user, or move it out "
-            "of the log directory"
+            f"cannot read {path}: {reason}; {advice}. Not damage: do not set it aside "
+            "with spool check --repair"
         )
         self.path = path
+
+    @classmethod
+    def from_os_error(cls, path: str, exc: OSError) -> SegmentUnreadable:
+        return cls(path, exc.strerror or str(exc), exc.errno)
 
 
 class ReportFailed(SpoolError):

@@ -21,14 +21,16 @@ Errors:
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Iterator
+from typing import Final
 
 import attrs
 
 from spool import format as fmt
-from spool.errors import CorruptSpool
+from spool.errors import CorruptSpool, SegmentUnreadable
 from spool.framing import (
     NEED_DATA,
     BadFrame,
@@ -413,16 +415,27 @@ class LogCursor:
             yield item
 
 
+# What an open of something else than a regular file under a segment's name fails with:
+# a socket (ENXIO), a looping link (ELOOP), a device without a driver (ENODEV).
+_NOT_A_FILE: Final = frozenset({errno.ENXIO, errno.ELOOP, errno.ENODEV})
+
+
 def open_segment(fs: FileSystem, path: str) -> int:
     """A read-only descriptor of the segment file ``path``; ``FileNotFoundError`` if there
     is none, ``CorruptSpool`` if what is there is no regular file (a directory, a FIFO, a
-    socket, a looping link: ``spool check`` names it, the repair moves it aside)."""
+    socket, a looping link: ``spool check`` names it, the repair moves it aside), and
+    ``SegmentUnreadable`` if it cannot be opened for another reason (its permissions, an
+    I/O error: not damage, so nothing may set it aside)."""
     try:
         fd = fs.open(path, os.O_RDONLY)
     except FileNotFoundError:
         raise
-    except OSError as exc:  # ENXIO (a socket), ELOOP (a looping link)
-        raise CorruptSpool(path, 0, f"not a segment file ({exc.strerror})") from None
+    except OSError as exc:
+        if exc.errno in _NOT_A_FILE:
+            raise CorruptSpool(path, 0, f"not a segment file ({exc.strerror})") from None
+        # EACCES (another user's file, a mode of 000), EIO, EMFILE: nothing says its bytes
+        # are damaged, so nothing may set it aside.
+        raise SegmentUnreadable.from_os_error(path, exc) from None
     if not fs.is_file(fd):
         fs.close(fd)
         raise CorruptSpool(path, 0, "not a segment file (not a regular file)")

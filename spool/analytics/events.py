@@ -11,10 +11,10 @@ and record codec, so the analytics read exactly what recovery reads:
   ``on_damage="skip"``, one row of kind ``damaged`` (the reason in ``reply``) and the rest
   of that segment skipped; a segment of a format version the spool does not read is
   damage too (its header says so);
-- a segment file that cannot be opened (permissions; a directory under a segment's name)
-  is damage as the reader names it ("not a segment file (...)"); one whose read fails
-  (an I/O error) is ``SegmentUnreadable``, whatever ``on_damage`` says: nothing of it was
-  read;
+- a segment file this user may not read (its owner or mode), or whose read fails (an I/O
+  error), is ``SegmentUnreadable``, whatever ``on_damage`` says: nothing of it was read, so
+  nothing is known to be damaged; something else under a segment's name (a directory) is
+  damage as the reader names it ("not a segment file (...)");
 - files in a log or archive directory not named as segments (``<20 digits>.seg``) are
   not read, as the spool itself does not read them.
 
@@ -197,7 +197,7 @@ def segment_rows(
         except FileNotFoundError:
             return  # deleted since it was planned (a live spool's garbage collection)
         except OSError as exc:
-            raise SegmentUnreadable(path, exc.strerror or str(exc)) from None
+            raise SegmentUnreadable.from_os_error(path, exc) from None
     cursor = _cursor(fs, source, start)
     end = Position(source.segment, stop)
     try:
@@ -218,7 +218,7 @@ def segment_rows(
             except OSError as exc:
                 # Not damage (its bytes were never read): an error whatever ``on_damage``
                 # says, one line on the driver (command.spool_error_in), not a traceback.
-                raise SegmentUnreadable(path, exc.strerror or str(exc)) from None
+                raise SegmentUnreadable.from_os_error(path, exc) from None
             yield from record_rows(source.server, pos, record)
     finally:
         cursor.close()

@@ -125,20 +125,20 @@ def test_a_segment_of_another_format_version_is_damage_named_in_one_line(
 
 
 def test_a_segment_that_cannot_be_read_is_one_line_naming_it(tmp_path: Path) -> None:
-    # Root reads any file, so the refusals come from the file-system seam. One the open
-    # meets (EACCES: another user's segment of mode 0600) is the reader's "not a segment
-    # file", naming why; a read that fails (EIO: the disk) is not damage to skip, as none of
-    # the segment's bytes were read: an error whatever ``on_damage`` says.
+    # Root reads any file, so the refusals come from the file-system seam. An open this
+    # user may not make (EACCES: another user's segment of mode 0600) and a read that
+    # fails (EIO: the disk) are not damage to skip, as none of the segment's bytes were
+    # read: an error whatever ``on_damage`` says.
     _spool(tmp_path / "mx")
     [source] = plan_segments([str(tmp_path / "mx")])
-    fs = FaultFS()
-    fs.fail("open", err=errno.EACCES)
-    with pytest.raises(CorruptSpool, match=r"not a segment file \(Permission denied\)"):
-        list(segment_rows(source, fs=fs))
     for on_damage in ("error", "skip"):
         fs = FaultFS()
+        fs.fail("open", err=errno.EACCES)
+        with pytest.raises(SegmentUnreadable, match="Permission denied; its owner or mode"):
+            list(segment_rows(source, on_damage=on_damage, fs=fs))
+        fs = FaultFS()
         fs.fail("pread", err=errno.EIO)
-        with pytest.raises(SegmentUnreadable, match="Input/output error; make it readable"):
+        with pytest.raises(SegmentUnreadable, match="Input/output error; the device failed"):
             list(segment_rows(source, on_damage=on_damage, fs=fs))
     # A directory under a segment's name is read as what it is: not a segment file.
     (tmp_path / "mx" / fmt.LOG_DIR / fmt.segment_name(2)).mkdir()

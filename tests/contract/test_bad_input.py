@@ -433,3 +433,62 @@ def test_a_real_full_file_system_gives_typed_errors_and_loses_nothing_acknowledg
         with Spool.open(spool_dir) as again:
             assert {e.msg_id for e in again.list()} == set(acked)
             assert again.accept("alice@example.org", [OK], b"room again")
+
+
+def test_a_segment_this_user_may_not_read_is_refused_never_called_damage() -> None:
+    # Before: the reader named another user's segment (mode 0600) "corrupt spool file ...
+    # not a segment file (Permission denied)" and sent the operator to `spool check
+    # --repair`, which would have set the segment, and the mail in it, aside. Run as the
+    # spool's own user (nobody), in a child that dropped to it after its imports.
+    if os.geteuid() != 0:
+        pytest.skip("another user's file needs root to make")
+    import shutil
+    import tempfile
+
+    from spool.cli import main
+
+    top = Path(tempfile.mkdtemp(prefix="spool-foreign-"))  # not under root's own 0700 tree
+    try:
+        os.chmod(top, 0o755)
+        root = top / "spool"
+        with Spool.open(root) as sp:
+            sp.accept("alice@example.org", [OK], b"x" * 300)
+        for path in [*root.rglob("*"), root]:
+            os.chown(path, 65534, 65534)
+        (segment,) = (root / "log").iterdir()
+        os.chown(segment, 0, 0)  # root's, mode 0600: nobody may not read it
+        run_as_nobody(main, root, segment)
+    finally:
+        shutil.rmtree(top)
+
+
+def run_as_nobody(main: Callable[..., Any], root: Path, segment: Path) -> None:
+    """Each command as nobody: refused with the one line, nothing changed."""
+    before = tree_snapshot(str(root))
+    for command in (["list"], ["recover"], ["check"], ["check", "--repair"]):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: nobody, then the command; its output to the pipe
+            os.close(read)
+            sys.stdout = sys.stderr = os.fdopen(write, "w")  # not the test's captured ones
+            code = 3
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                main([*command, str(root)], standalone_mode=True)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 3
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as f:
+            said = f.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 1, said
+        assert f"cannot read {segment}: Permission denied; its owner or mode" in said, said
+        assert "corrupt" not in said and "Not damage" in said
+    after = tree_snapshot(str(root))
+    assert after.pop("lock") and before.pop("lock")  # it names the last pid to take it
+    assert after == before
