@@ -299,6 +299,7 @@ def _check_once(fs: FileSystem, path: str, progress: Callable[[int], None] | Non
     # an owner appends or starts while the log is walked.
     positions = load_positions(fs, path)
     segments = list_segments(fs, log_dir) if fs.is_dir(log_dir) else []
+    _note_foreign_files(fs, log_dir, notes)
     kept = unretired(segments, positions)
     retired = tuple(s for s in segments if s not in kept)
     if retired:
@@ -756,6 +757,22 @@ def _segment_path(log_dir: str, number: int) -> str:
 
 def _missing_region(number: int) -> Region:
     return Region(number, 0, 0, RegionKind.RECORDS, "segment missing")
+
+
+def _note_foreign_files(fs: FileSystem, log_dir: str, notes: list[str]) -> None:
+    """Name what the log directory holds besides segments: nothing reads it (an
+    operator's copy, a ``.repair`` file an interrupted repair left), so it is a note,
+    never a problem, and nothing moves it."""
+    if not fs.is_dir(log_dir):
+        return
+    foreign = sorted(n for n in fs.listdir(log_dir) if fmt.parse_segment_name(n) is None)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        notes.append(
+            f"{len(foreign)} file(s) in {fmt.LOG_DIR}/ not named as segments, not read: {shown}"
+        )
 
 
 def _scan(

@@ -492,3 +492,24 @@ def run_as_nobody(main: Callable[..., Any], root: Path, segment: Path) -> None:
     after = tree_snapshot(str(root))
     assert after.pop("lock") and before.pop("lock")  # it names the last pid to take it
     assert after == before
+
+
+def test_check_names_files_in_the_log_directory_that_are_not_segments(tmp_path: Path) -> None:
+    # Before: silent (the spool never reads them, and an operator wondered whether their
+    # copy had been checked).
+    root = tmp_path / "spool"
+    with Spool.open(root) as sp:
+        sp.accept("alice@example.org", [OK], b"x" * 300)
+    (root / "log" / "README").write_text("notes\n")
+    (root / "log" / "00000000000000000001.seg.bak").write_bytes(b"copy")
+    before = tree_snapshot(str(root))
+    done = subprocess.run(
+        [sys.executable, "-m", "spool.cli", "check", str(root)],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "note: 2 file(s) in log/ not named as segments, not read: "
+        "00000000000000000001.seg.bak, README"
+    ) in done.stdout
+    assert tree_snapshot(str(root)) == before
