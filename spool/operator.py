@@ -30,7 +30,7 @@ from spool.errors import CorruptSpool, SpoolMisuse, UnknownMessage
 from spool.queue_view import QueueEntry, live_messages
 from spool.reader import read_frame_at
 from spool.records import Position
-from spool.recovery import FINISH_LOST_REASON, resolve_body
+from spool.recovery import finish_acknowledged, resolve_body
 from spool.scheduling import Scheduler, encode_checked
 from spool.state import SpoolState
 
@@ -409,9 +409,7 @@ class OperatorDesk:
                 path = os.path.join(state.log_dir, fmt.segment_name(envelope_at.segment))
                 raise CorruptSpool(path, envelope_at.offset, f"not an envelope of {msg_id}")
             body = resolve_body(env, envelope_at, size)
-            finish = rec.Finish(
-                msg_id, state.now(), body, (), FINISH_LOST_REASON, env.sender, env.accepted_at
-            )
+            finish = finish_acknowledged(msg_id, state.now(), body, env)
             part = encode_checked(finish)
             self.scheduler.superseded.add(envelope_at)
             _, end = self.scheduler.append([part], None)

@@ -674,7 +674,7 @@ def _decide_all(
         gone = _in_damaged(w.envelope_at, damaged) or (retired and marked_after)
         if w.acknowledged and (retired or gone):
             # R6 with its envelope past reading: the body as R5 names it.
-            out.append(_finish_acknowledged(msg_id, now, known or rec.BodyRef(rec.BODY_FILE, 0)))
+            out.append(finish_acknowledged(msg_id, now, _named_body(known)))
             continue
         kept = kept_envelope(fs, root, msg_id, w.envelope_at) if gone and not retired else None
         if gone and kept is None:
@@ -699,7 +699,7 @@ def _decide_all(
         if w.acknowledged:
             # R6. (An inline body in a segment retired since, which a promotion set aside
             # as damage had released, holds no pin: releasing it again counts nothing.)
-            out.append(_finish_acknowledged(msg_id, now, body, env))
+            out.append(finish_acknowledged(msg_id, now, body, env))
             continue
         reason = "all recipients settled"
         if body.kind == rec.BODY_INLINE and body.at is not None and body.at.segment < first_segment:
@@ -799,18 +799,25 @@ def _finish_lost(
     the message named an inline body (``known``): that one is named, so that the finish
     releases its pin (``_Pins``)."""
     outcomes = tuple(rec.Outcome(r, st, reply, at) for r, (st, reply, at) in w.delivered.items())
-    body = known or rec.BodyRef(rec.BODY_FILE, 0)
-    return rec.Finish(msg_id, now, body, outcomes, ENVELOPE_LOST_REASON)
+    return rec.Finish(msg_id, now, _named_body(known), outcomes, ENVELOPE_LOST_REASON)
 
 
-def _finish_acknowledged(
+def _named_body(known: rec.BodyRef | None) -> rec.BodyRef:
+    """The body a finish names when the message's envelope is past reading: the inline
+    body an intact envelope of it named (so that the finish releases its pin), else none
+    (a body file of size 0: nothing in the log to release)."""
+    return known or rec.BodyRef(rec.BODY_FILE, 0)
+
+
+def finish_acknowledged(
     msg_id: str, now: float, body: rec.BodyRef, env: rec.Envelope | None = None
 ) -> rec.Finish:
     """R6's finish: its outcome was handed out and acknowledged, so its recipients were
     all settled; the finish that said so was lost. Written again with no outcomes (nothing
     is handed out for it) and the body the message had (``env``'s, or as R5 names it when
     the envelope is past reading), so that it releases that body as the lost one did (an
-    inline body's pin: ``_Pins``, ``AttemptBook.append_recovered``)."""
+    inline body's pin: ``_Pins``, ``AttemptBook.append_recovered``). Recovery writes it,
+    and ``spool check --repair`` for the queued form (``OperatorDesk.finish_acknowledged``)."""
     sender, accepted_at = (env.sender, env.accepted_at) if env is not None else (None, None)
     return rec.Finish(msg_id, now, body, (), FINISH_LOST_REASON, sender, accepted_at)
 
