@@ -83,10 +83,15 @@ class AsyncSpool:
                 if isinstance(found, Attempt):
                     return AsyncSpoolAttempt(self, found)
                 tail = st.writer.tail
-                behind = st.writer.durable < tail
-                wake = None if found is None else max(0.0, found - st.now())
-            if behind and not synced:
-                # Runners read only the durable log (as ``Spool.claim``): flush once.
+                pending = book.pending_due()
+                now = st.now()
+                wake = min(
+                    (max(0.0, at - now) for at in (found, pending) if at is not None),
+                    default=None,
+                )
+            if pending is not None and pending <= now and not synced:
+                # Runners read only the durable log (as ``Spool.claim``): flush once, when
+                # an envelope not yet durable is due.
                 await self._durable(tail)
                 synced = True
                 continue

@@ -184,21 +184,30 @@ class AttemptBook:
                 attempt_or_wake = self.claim_next()
                 if isinstance(attempt_or_wake, Attempt):
                     return attempt_or_wake
-                behind = st.writer.durable < st.writer.tail
+                pending = self.pending_due()
                 left = deadline - time.monotonic()
                 # One flush per call is enough for (R1); more would only add fsyncs while
                 # other threads keep appending (later flushes wake this wait anyway).
-                if not behind or synced:
+                if synced or pending is None or pending > st.now():
                     if left <= 0:
                         return None
-                    if attempt_or_wake is not None:
-                        left = min(left, max(0.001, attempt_or_wake - st.now()))
+                    for wake in (attempt_or_wake, pending):
+                        if wake is not None:
+                            left = min(left, max(0.001, wake - st.now()))
                     st.cond.wait(min(left, WAIT_MAX))
                     continue
             # Runners read only the durable log. Replacement envelopes are written without
-            # waiting; when nothing else is due, flush them so due mail is never missed.
+            # waiting; when nothing else is due and one of them is, flush them so that due
+            # mail is never missed.
             st.writer.sync()
             synced = True
+
+    def pending_due(self) -> float | None:
+        """When an envelope not yet durable comes due (``Scheduler.pending_due``); None if
+        the log is durable to its tail or none will. Lock held."""
+        if self.state.writer.durable >= self.state.writer.tail:
+            return None
+        return self.scheduler.pending_due()
 
     def claim_next(self) -> Attempt | float | None:
         """Start an attempt, or return when the next envelope is due (None: no work known).

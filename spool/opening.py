@@ -71,6 +71,13 @@ class OpenedSpool:
             with contextlib.suppress(SpoolError):
                 self.book.close_all()
         with contextlib.suppress(SpoolError):
+            # What is still pending first (a deferral's replacement, the replacements of
+            # the attempts just closed): its batch ends padded to a sector, and positions
+            # captured after it name that end. Captured before it, they would end short of
+            # the padding, and the next open would find a suffix to recover and start a
+            # new segment for it. A crash here leaves the records durable or not, as any
+            # group commit does.
+            st.writer.sync()
             self.checkpointer.checkpoint()
         with st.lock:
             st.closed = True
