@@ -74,7 +74,7 @@ class AsyncSpool:
         st.check_process()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + check_seconds(timeout, "timeout")
-        synced = False
+        flushed: Position | None = None  # the tail this call last flushed the log to
         while True:
             with st.lock:
                 st.check_open()
@@ -83,17 +83,17 @@ class AsyncSpool:
                 if isinstance(found, Attempt):
                     return AsyncSpoolAttempt(self, found)
                 tail = st.writer.tail
-                pending = book.pending_due()
+                pending = book.pending_due(after=flushed)
                 now = st.now()
                 wake = min(
                     (max(0.0, at - now) for at in (found, pending) if at is not None),
                     default=None,
                 )
-            if pending is not None and pending <= now and not synced:
-                # Runners read only the durable log (as ``Spool.claim``): flush once, when
-                # an envelope not yet durable is due.
+            if pending is not None and pending <= now:
+                # Runners read only the durable log (as ``Spool.claim``): flush when an
+                # envelope not yet durable, appended since the last flush, is due.
                 await self._durable(tail)
-                synced = True
+                flushed = tail
                 continue
             left = deadline - loop.time()
             if left <= 0:

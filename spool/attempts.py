@@ -176,7 +176,7 @@ class AttemptBook:
         st = self.state
         st.check_process()
         deadline = time.monotonic() + check_seconds(timeout, "timeout")
-        synced = False
+        flushed: Position | None = None  # the tail this call last flushed the log to
         while True:
             with st.lock:
                 st.check_open()
@@ -184,11 +184,9 @@ class AttemptBook:
                 attempt_or_wake = self.claim_next()
                 if isinstance(attempt_or_wake, Attempt):
                     return attempt_or_wake
-                pending = self.pending_due()
+                pending = self.pending_due(after=flushed)
                 left = deadline - time.monotonic()
-                # One flush per call is enough for (R1); more would only add fsyncs while
-                # other threads keep appending (later flushes wake this wait anyway).
-                if synced or pending is None or pending > st.now():
+                if pending is None or pending > st.now():
                     if left <= 0:
                         return None
                     for wake in (attempt_or_wake, pending):
@@ -196,18 +194,22 @@ class AttemptBook:
                             left = min(left, max(0.001, wake - st.now()))
                     st.cond.wait(min(left, WAIT_MAX))
                     continue
-            # Runners read only the durable log. Replacement envelopes are written without
-            # waiting; when nothing else is due and one of them is, flush them so that due
-            # mail is never missed.
+                tail = st.writer.tail
+            # (R1) Runners read only the durable log, and replacement envelopes are written
+            # without waiting: when nothing else is due and one of them is, flush. Again
+            # only for one appended since (another thread's close, its retry time come).
             st.writer.sync()
-            synced = True
+            flushed = tail
 
-    def pending_due(self) -> float | None:
-        """When an envelope not yet durable comes due (``Scheduler.pending_due``); None if
-        the log is durable to its tail or none will. Lock held."""
-        if self.state.writer.durable >= self.state.writer.tail:
+    def pending_due(self, after: Position | None = None) -> float | None:
+        """When an envelope not yet durable (appended at or after ``after``) comes due
+        (``Scheduler.pending_due``); None if the log is durable to its tail, none will, or
+        no attempt could start now (``max_in_flight``: a close wakes the claim). Lock
+        held."""
+        st = self.state
+        if st.writer.durable >= st.writer.tail or len(self.in_flight) >= st.options.max_in_flight:
             return None
-        return self.scheduler.pending_due()
+        return self.scheduler.pending_due(after)
 
     def claim_next(self) -> Attempt | float | None:
         """Start an attempt, or return when the next envelope is due (None: no work known).

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from spool import records as rec
 from spool.bodies import read_inline_body, write_body_file
-from spool.errors import CorruptSpool, DiskFull, SpoolError, SpoolFailed
+from spool.errors import CorruptSpool, DiskFull, SegmentUnreadable, SpoolError, SpoolFailed
 from spool.positions import pin_body, unpin_body
 from spool.records import Position
 from spool.state import SpoolState
@@ -171,6 +171,11 @@ class BodyKeeper:
             data = read_inline_body(self.state.fs, self.state.log_dir, msg_id, body.at)
         except CorruptSpool:
             # Damaged: left where it is, for `spool check` to find (a repair bounces it).
+            return body, None
+        except (SegmentUnreadable, OSError):
+            # Its segment cannot be read now (permissions, an I/O error, no descriptor
+            # left): the body stays inline, its segment pinned a while longer, and the
+            # attempt closes as it would have (a later record tries the copy again).
             return body, None
         try:
             # Durable before the record naming it is appended (see bodies.py).

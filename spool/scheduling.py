@@ -95,9 +95,10 @@ class Scheduler:
         not-yet-durable ones are still listed; older ones are behind it)."""
         return sum(1 for k, at, _env in self._fresh_envelopes if k == owner and at >= limit)
 
-    def pending_due(self) -> float | None:
-        """When the first envelope appended but not yet durable comes due for its runner
-        (None: none is listed, or each is held, which a release appends again). Runners
+    def pending_due(self, after: Position | None = None) -> float | None:
+        """When the first envelope appended but not yet durable (at or after ``after``)
+        comes due for its runner (None: none is listed, or each is held, which a release
+        appends again). Runners
         read only the durable log, so an empty claim flushes it once this time has come
         (``AttemptBook.claim``), and not before: a deferral's replacement due in minutes
         needs no fsync now (before, every empty claim flushed whatever was pending, and
@@ -106,7 +107,7 @@ class Scheduler:
             (
                 self.runners[k].due_at(at, env)
                 for k, at, env in self._fresh_envelopes
-                if env.held is None
+                if env.held is None and (after is None or at >= after)
             ),
             default=None,
         )

@@ -248,3 +248,55 @@ def test_a_body_promotion_that_finds_no_space_keeps_the_body_inline(spool_dir: s
         attempt = sp.claim()
         assert attempt is not None and attempt.read_data() == b"inline body"
         attempt.close()
+
+
+class _SegmentOpenFails(FileSystem):
+    """Fails the next read-only open of segment 1 with ``err`` (every one if ``sticky``)."""
+
+    def __init__(self) -> None:
+        self.err: int | None = None
+        self.sticky = False
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        reading = not flags & (os.O_WRONLY | os.O_RDWR)
+        if self.err and reading and path.endswith(fmt.segment_name(1)):
+            err = self.err
+            if not self.sticky:
+                self.err = None
+            raise OSError(err, os.strerror(err))
+        return super().open(path, flags, mode)
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.EMFILE, errno.EACCES])
+def test_a_promotion_that_cannot_read_the_segment_keeps_the_body_inline(
+    spool_dir: str, err: int
+) -> None:
+    # Found by review: a segment that could not be opened (SegmentUnreadable) escaped the
+    # promotion of a deferred message's inline body in the middle of the attempt's close:
+    # the message stayed in flight (with EACCES for good: every checkpoint failed too), and
+    # with max_in_flight=1 nothing else was handed out.
+    clock, fs = FakeClock(), _SegmentOpenFails()
+    options = {"retry_intervals": [10, 1000], "attempt_timeout": 60, "max_in_flight": 1}
+    with Spool.open(spool_dir, clock=clock, fs=fs, **options) as sp:  # type: ignore[arg-type]
+        msg_id = sp.accept("a@example.org", ["b@example.net"], b"Subject: x\r\n\r\nhello\r\n")
+        with sp.claim() as attempt:  # type: ignore[union-attr]
+            attempt.deferred(["b@example.net"], "451 4.3.0 later")  # class 1, due in 10 s
+        clock.advance(10)
+        other = sp.accept("a@example.org", ["c@example.net"], b"Subject: y\r\n\r\nhi\r\n")
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg_id
+        attempt.deferred(["b@example.net"], "451 4.3.0 later")
+        fs.err, fs.sticky = err, err == errno.EACCES
+        attempt.close()  # due in 1000 s, past the longest interval: its body is promoted
+        again = sp.claim(timeout=0)
+        assert again is not None and again.msg_id == other
+        again.delivered(["c@example.net"], "250 2.0.0 ok")
+        again.close()
+        sp.checkpoint()
+        fs.err = None
+    with Spool.open(spool_dir, clock=clock, **options) as sp:  # type: ignore[arg-type]
+        clock.advance(1000)
+        attempt = sp.claim()
+        assert attempt is not None and attempt.msg_id == msg_id
+        assert attempt.read_data() == b"Subject: x\r\n\r\nhello\r\n"
+        attempt.close()

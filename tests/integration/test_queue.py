@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -447,3 +448,61 @@ def test_a_close_with_a_deferral_pending_leaves_nothing_for_the_next_open_to_wri
     after = tree_snapshot(spool_dir)
     assert after.pop(fmt.LOCK_NAME) and before.pop(fmt.LOCK_NAME)  # the last pid to lock it
     assert after == before
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_an_empty_claim_never_misses_mail_a_flush_would_show(tmp_path: Path, seed: int) -> None:
+    # Accepts, attempts deferred or partly delivered, holds, releases, retries, clock
+    # advances and reopens with the clock stepped, at random: whenever a claim finds
+    # nothing, a flush of the log must show nothing either (R1). The group commit's own
+    # timer is far off, so only the claim's flushes make the replacements durable.
+    import random
+
+    from spool.errors import SpoolMisuse, UnknownMessage
+
+    rnd = random.Random(seed)
+    clock = FakeClock()
+    options = {
+        "clock": clock,
+        "retry_intervals": rnd.choice([[10], [5, 20], [3, 7, 30], [1, 2, 4]]),
+        "sync_interval": 10_000,
+        "max_in_flight": rnd.choice([1, 2, 100]),
+    }
+    sp = Spool.open(tmp_path / "spool", **options)  # type: ignore[arg-type]
+    attempts: list[Attempt] = []
+    ids: list[str] = []
+    for _ in range(250):
+        op = rnd.random()
+        if op < 0.15:
+            ids.append(sp.accept("a@example.org", RCPTS, DATA))
+        elif op < 0.45:
+            attempt = sp.claim(timeout=0)
+            if attempt is None:
+                sp.sync()
+                assert sp.claim(timeout=0) is None, "a due message the claim did not see"
+            else:
+                attempts.append(attempt)
+        elif op < 0.7 and attempts:
+            attempt = attempts.pop(rnd.randrange(len(attempts)))
+            rcpts = list(attempt.envelope.recipients)
+            if rnd.random() < 0.6:
+                attempt.deferred(rcpts, "451 4.3.0 later")
+            elif rnd.random() < 0.5:
+                attempt.delivered(rcpts[:1], "250 2.0.0 ok")
+            attempt.close()
+        elif op < 0.8:
+            clock.advance(rnd.choice([0.5, 1, 3, 5, 10, 30]))
+        elif op < 0.85 and ids:
+            act = rnd.choice([sp.hold, sp.release, sp.retry_now])
+            with contextlib.suppress(SpoolMisuse, UnknownMessage):
+                act(rnd.choice(ids))
+        elif op < 0.87:
+            for attempt in attempts:
+                attempt.close()
+            attempts.clear()
+            sp.close()
+            clock.step(rnd.choice([-100, -5, 0, 100]))
+            sp = Spool.open(tmp_path / "spool", **options)  # type: ignore[arg-type]
+    for attempt in attempts:
+        attempt.close()
+    sp.close()
