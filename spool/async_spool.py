@@ -89,13 +89,15 @@ class AsyncSpool:
                     (max(0.0, at - now) for at in (found, pending) if at is not None),
                     default=None,
                 )
+            left = deadline - loop.time()
+            if flushed is not None and left <= 0:
+                return None  # flushed once at least: the timeout is kept
             if pending is not None and pending <= now:
                 # Runners read only the durable log (as ``Spool.claim``): flush when an
                 # envelope not yet durable, appended since the last flush, is due.
                 await self._durable(tail)
                 flushed = tail
                 continue
-            left = deadline - loop.time()
             if left <= 0:
                 return None
             await asyncio.sleep(min(left, CLAIM_POLL, CLAIM_POLL if wake is None else wake))

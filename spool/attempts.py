@@ -186,6 +186,8 @@ class AttemptBook:
                     return attempt_or_wake
                 pending = self.pending_due(after=flushed)
                 left = deadline - time.monotonic()
+                if flushed is not None and left <= 0:
+                    return None  # flushed once at least: the timeout is kept
                 if pending is None or pending > st.now():
                     if left <= 0:
                         return None
@@ -209,12 +211,14 @@ class AttemptBook:
         st = self.state
         if st.writer.durable >= st.writer.tail or len(self.in_flight) >= st.options.max_in_flight:
             return None
+        if st.closing:
+            return None
         return self.scheduler.pending_due(after)
 
     def claim_next(self) -> Attempt | float | None:
         """Start an attempt, or return when the next envelope is due (None: no work known).
         Lock held."""
-        if len(self.in_flight) >= self.state.options.max_in_flight:
+        if len(self.in_flight) >= self.state.options.max_in_flight or self.state.closing:
             return None
         now = self.state.now()
         limit = self.state.writer.durable

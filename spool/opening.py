@@ -68,6 +68,10 @@ class OpenedSpool:
         with st.lock:
             if st.closed:
                 return
+            # No attempt starts from here on: a claim waiting for a free slot would take
+            # the one close_all frees while the lock is let go for the last checkpoint,
+            # and its attempt would be left open (a crash to the next open).
+            st.closing = True
             with contextlib.suppress(SpoolError):
                 self.book.close_all()
         with contextlib.suppress(SpoolError):

@@ -55,6 +55,7 @@ class SpoolState:
         self.cond = threading.Condition(self.lock)
         self.counts: collections.Counter[str] = collections.Counter()
         self.closed = False
+        self.closing = False  # close() has begun: no attempt starts from now on
 
     def check_process(self) -> None:
         """Refuse use from a forked child: parent and child would append at the same

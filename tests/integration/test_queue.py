@@ -6,7 +6,10 @@ import contextlib
 import itertools
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -506,3 +509,87 @@ def test_an_empty_claim_never_misses_mail_a_flush_would_show(tmp_path: Path, see
     for attempt in attempts:
         attempt.close()
     sp.close()
+
+
+def test_a_claim_keeps_its_timeout_while_others_take_what_it_flushes(tmp_path: Path) -> None:
+    # Found by review: once a claim had flushed for a due replacement, another worker
+    # could take it before the claim looked, and that worker's close append the next due
+    # one: the claim flushed again and again, past its timeout. Here every flush of the
+    # claiming thread lets such a worker in (the file system's fdatasync hook).
+    from spool.fs import FileSystem
+
+    class Hooked(FileSystem):
+        hook: Callable[[], None] | None = None
+
+        def fdatasync(self, fd: int) -> None:
+            super().fdatasync(fd)
+            if self.hook is not None:
+                self.hook()
+
+    clock, fs = FakeClock(), Hooked()
+    sp = Spool.open(
+        tmp_path / "spool", clock=clock, fs=fs, retry_intervals=[1], sync_interval=10_000,
+        checkpoint_interval=10_000,
+    )  # fmt: skip
+    st, writer = sp._state, sp._state.writer
+    sp.accept("a@example.org", ["b@example.net"], DATA)
+    defer_all(sp)  # its replacement: not durable, due in 1 s
+    clock.advance(1)
+    rounds, main = [0], threading.main_thread()
+
+    def other_worker(durable_before: Any, entered: threading.Event) -> None:
+        with st.lock:  # in before the claiming thread looks again ...
+            entered.set()
+            while writer.durable == durable_before:  # ... once its flush has landed
+                time.sleep(0.0005)
+            taken = sp.claim(timeout=0)
+            assert taken is not None
+            with taken:
+                taken.deferred(list(taken.envelope.recipients), "451 4.3.0 later")
+            clock.advance(1)  # the new replacement is due, and not durable
+
+    def hook() -> None:
+        if threading.current_thread() is not main or rounds[0] >= 20:
+            return
+        rounds[0] += 1
+        entered = threading.Event()
+        threading.Thread(target=other_worker, args=(writer.durable, entered)).start()
+        entered.wait()
+
+    fs.hook = hook
+    try:
+        assert sp.claim(timeout=0) is None
+        assert rounds[0] == 1, f"{rounds[0]} flushes for one claim(timeout=0)"
+    finally:
+        fs.hook = None
+        sp.close()
+
+
+def test_a_claim_waiting_when_the_spool_closes_is_handed_nothing(tmp_path: Path) -> None:
+    # Found by review (older than the claim's new flushing): close() freed the slot of the
+    # attempt it closed, then let go of the lock for its last checkpoint; a claim waiting
+    # for a slot took it, and its attempt was left open: a crash to the next open (held
+    # for a crash loop with crash_limit=1; attempted again otherwise).
+    root = tmp_path / "spool"
+    sp = Spool.open(root, max_in_flight=1, crash_limit=1)
+    for name in ("x", "y"):
+        sp.accept("a@example.org", [f"{name}@example.net"], DATA)
+    first = sp.claim(timeout=0)
+    assert first is not None
+    got: list[object] = []
+
+    def claim() -> None:
+        try:
+            got.append(sp.claim(timeout=5))
+        except SpoolError as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=claim)
+    waiter.start()
+    time.sleep(0.3)  # waiting for the slot `first` holds
+    sp.close()
+    waiter.join()
+    assert not isinstance(got[0], Attempt), "an attempt handed out by a closing spool"
+    with Spool.open(root) as sp:
+        entries = list(sp.list())
+    assert len(entries) == 2 and all(e.held is None for e in entries)
