@@ -25,13 +25,27 @@ def _spool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _damaged_copy(source: Path, into: Path) -> Path:
-    """A copy of the spool ``source`` with two bits flipped in its first segment (no single
-    one explains it); the segment's path."""
+    """A copy of the spool ``source`` with two bits flipped (no single one explains them)
+    in the first record frame past the middle of its first segment (not a body, which the
+    report steps over unread, nor padding); the segment's path."""
+    from spool import format as fmt
+    from spool.fs import FileSystem
+    from spool.queue_view import walk
+
     shutil.copytree(source, into)
     segment = sorted((into / "log").iterdir())[0]
     data = bytearray(segment.read_bytes())
-    data[len(data) // 2] ^= 0x41
-    data[len(data) // 2 + 5] ^= 0x08
+    number = fmt.parse_segment_name(segment.name)
+    at = next(
+        pos.offset + frame.size // 2
+        for pos, _record, frame in walk(FileSystem(), str(into), skip_bodies=False)
+        if frame is not None
+        and pos.segment == number
+        and pos.offset >= len(data) // 2
+        and frame.type not in (fmt.T_BODY, fmt.T_PAD)
+    )
+    data[at] ^= 0x41
+    data[at + 5] ^= 0x08
     segment.write_bytes(bytes(data))
     return segment
 

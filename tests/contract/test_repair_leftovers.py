@@ -496,16 +496,20 @@ def test_settings_are_restored_from_positions_the_repair_set_aside(tmp_path: Pat
 
 def test_a_burst_over_an_opens_padding_holds_no_mail(tmp_path: Path) -> None:
     # Seed 10158 of the explorer (workload outcomes-and-reopens), rebuilt: M deferred
-    # (live, its records may follow its envelope anywhere), then an open whose checkpoint
-    # begins segment 2 with a 480-byte PAD frame; four bytes of that frame's header hit.
-    # No record of M was there, yet the repair holds M ("records possibly lost").
-    root = tmp_path / "spool"
-    with Spool.open(root, clock=FakeClock(T0), **OPTS) as sp:
-        m = sp.accept("alice@x.org", ["bob@x.net"], b"m" * 50)
-        attempt = sp.claim()
-        assert attempt is not None
-        attempt.deferred(["bob@x.net"], "451 4.3.0 later")
-        attempt.close()
+    # (live, its records may follow its envelope anywhere), a kill -9, then an open whose
+    # recovery begins segment 2 with a 480-byte PAD frame; four bytes of that frame's
+    # header hit. No record of M was there, yet the repair held M ("records possibly
+    # lost"). (A clean close flushes before its last positions, so the kill it must be.)
+    base, root = tmp_path / "live", tmp_path / "spool"
+    sp = Spool.open(base, clock=FakeClock(T0), **OPTS)
+    m = sp.accept("alice@x.org", ["bob@x.net"], b"m" * 50)
+    attempt = sp.claim()
+    assert attempt is not None
+    attempt.deferred(["bob@x.net"], "451 4.3.0 later")
+    attempt.close()
+    sp.sync()
+    shutil.copytree(base, root)  # what a kill -9 here leaves
+    sp.close()
     with Spool.open(root, clock=FakeClock(T0 + 1), **OPTS) as sp:
         n = sp.accept("alice@x.org", ["carol@x.net"], b"n" * 50)
     first = next(p for p, _r, f in records(root) if p.segment == 2)
