@@ -74,7 +74,7 @@ class AsyncSpool:
         st.check_process()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + check_seconds(timeout, "timeout")
-        flushed: Position | None = None  # the tail this call last flushed the log to
+        synced = False
         while True:
             with st.lock:
                 st.check_open()
@@ -83,21 +83,14 @@ class AsyncSpool:
                 if isinstance(found, Attempt):
                     return AsyncSpoolAttempt(self, found)
                 tail = st.writer.tail
-                pending = book.pending_due(after=flushed)
-                now = st.now()
-                wake = min(
-                    (max(0.0, at - now) for at in (found, pending) if at is not None),
-                    default=None,
-                )
-            left = deadline - loop.time()
-            if flushed is not None and left <= 0:
-                return None  # flushed once at least: the timeout is kept
-            if pending is not None and pending <= now:
-                # Runners read only the durable log (as ``Spool.claim``): flush when an
-                # envelope not yet durable, appended since the last flush, is due.
+                behind = st.writer.durable < tail
+                wake = None if found is None else max(0.0, found - st.now())
+            if behind and not synced:
+                # Runners read only the durable log (as ``Spool.claim``): flush once.
                 await self._durable(tail)
-                flushed = tail
+                synced = True
                 continue
+            left = deadline - loop.time()
             if left <= 0:
                 return None
             await asyncio.sleep(min(left, CLAIM_POLL, CLAIM_POLL if wake is None else wake))

@@ -176,7 +176,7 @@ class AttemptBook:
         st = self.state
         st.check_process()
         deadline = time.monotonic() + check_seconds(timeout, "timeout")
-        flushed: Position | None = None  # the tail this call last flushed the log to
+        synced = False
         while True:
             with st.lock:
                 st.check_open()
@@ -184,42 +184,27 @@ class AttemptBook:
                 attempt_or_wake = self.claim_next()
                 if isinstance(attempt_or_wake, Attempt):
                     return attempt_or_wake
-                pending = self.pending_due(after=flushed)
+                behind = st.writer.durable < st.writer.tail
                 left = deadline - time.monotonic()
-                if flushed is not None and left <= 0:
-                    return None  # flushed once at least: the timeout is kept
-                if pending is None or pending > st.now():
+                # One flush per call is enough for (R1); more would only add fsyncs while
+                # other threads keep appending (later flushes wake this wait anyway).
+                if not behind or synced:
                     if left <= 0:
                         return None
-                    for wake in (attempt_or_wake, pending):
-                        if wake is not None:
-                            left = min(left, max(0.001, wake - st.now()))
+                    if attempt_or_wake is not None:
+                        left = min(left, max(0.001, attempt_or_wake - st.now()))
                     st.cond.wait(min(left, WAIT_MAX))
                     continue
-                tail = st.writer.tail
-            # (R1) Runners read only the durable log, and replacement envelopes are written
-            # without waiting: when nothing else is due and one of them is, flush. Again
-            # only for one appended since (another thread's close, its retry time come).
+            # Runners read only the durable log. Replacement envelopes are written without
+            # waiting; when nothing else is due, flush them so due mail is never missed.
             st.writer.sync()
-            flushed = tail
-
-    def pending_due(self, after: Position | None = None) -> float | None:
-        """When an envelope not yet durable (appended at or after ``after``) comes due
-        (``Scheduler.pending_due``); None if the log is durable to its tail, none will, or
-        no attempt could start now (``max_in_flight``: a close wakes the claim). Lock
-        held."""
-        st = self.state
-        if st.writer.durable >= st.writer.tail or len(self.in_flight) >= st.options.max_in_flight:
-            return None
-        if st.closing:
-            return None
-        return self.scheduler.pending_due(after)
+            synced = True
 
     def claim_next(self) -> Attempt | float | None:
         """Start an attempt, or return when the next envelope is due (None: no work known).
         Lock held."""
         if len(self.in_flight) >= self.state.options.max_in_flight or self.state.closing:
-            return None
+            return None  # (a closing spool starts no attempt: ``OpenedSpool.close``)
         now = self.state.now()
         limit = self.state.writer.durable
         scheduler = self.scheduler

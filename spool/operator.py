@@ -291,7 +291,7 @@ class OperatorDesk:
         new = attrs.evolve(new, written_at=now, supersedes=pos, body=body, promoted_from=promoted)
         part = encode_checked(new)
         self.scheduler.superseded.add(pos)
-        _, end = self.scheduler.append([part], new)
+        _, end = self.scheduler.append([part], new.klass)
         if promoted is not None:
             self.bodies.promoted(old, env.msg_id, end)
         state.cond.notify_all()
@@ -362,7 +362,7 @@ class OperatorDesk:
             self.scheduler.superseded.add(pos)
             # The file is durable already (it was the promotion's copy): a crash before
             # this record is durable leaves the spool as it was, and the repair runs again.
-            _, end = self.scheduler.append([part], new)
+            _, end = self.scheduler.append([part], new.klass)
             if staged:
                 self.bodies.staged[msg_id] = end  # the next checkpoint moves it to bodies/
             self.bodies.release_body(old, msg_id)
@@ -478,7 +478,7 @@ class OperatorDesk:
             )
             part = encode_checked(new)
             self.scheduler.superseded.add(supersedes)  # ahead of its runner, maybe
-            _, end = self.scheduler.append([part], new)
+            _, end = self.scheduler.append([part], new.klass)
             if staged:
                 self.bodies.staged[env.msg_id] = end  # the next checkpoint moves it to bodies/
             if old is not None and old.kind == rec.BODY_INLINE:

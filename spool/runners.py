@@ -88,10 +88,6 @@ class Runner:
     def close(self) -> None:
         self._reader.close()
 
-    def due_at(self, pos: Position, env: Envelope) -> float:
-        """When ``env`` (at ``pos``) comes due for this runner: written, plus its interval."""
-        return self._written_at(pos, env) + self.interval
-
     def owns(self, env: Envelope) -> bool:
         return env.klass == self.klass or (self.last and env.klass > self.klass)
 
@@ -153,7 +149,7 @@ class Runner:
                     continue
                 self._peek = (pos, env, frame.size)
             pos, env, size = self._peek
-            due = self.due_at(pos, env)
+            due = self._written_at(pos, env) + self.interval
             if due > now:
                 return NotDue(due)
             self._peek = None

@@ -60,63 +60,45 @@ class Scheduler:
         # Envelopes superseded ahead of their runner (runners.py), pruned at checkpoints.
         self.superseded: set[Position] = set(superseded)
         self.since_checkpoint = 0  # records appended since the last checkpoint
-        # Envelopes appended but not yet durable: (owning runner, position, envelope).
-        self._fresh_envelopes: list[tuple[int, Position, rec.Envelope]] = []
+        # Envelopes appended but not yet durable, by owning runner (see ``note_envelope``).
+        self._fresh_envelopes: list[tuple[int, Position]] = []
         self._prefer_incoming = True
         self._deferred_turn = 0
 
     def enqueue(self, record: rec.Record) -> tuple[Position, Position]:
         """Encode and queue one record (not waited for)."""
         part = encode_checked(record)
-        return self.append([part], record if isinstance(record, rec.Envelope) else None)
+        return self.append([part], record.klass if isinstance(record, rec.Envelope) else None)
 
-    def append(self, parts: list[Part], envelope: rec.Envelope | None) -> tuple[Position, Position]:
+    def append(self, parts: list[Part], envelope_class: int | None) -> tuple[Position, Position]:
         """Queue encoded records; every record reaches the writer through here. Counts
-        toward the next checkpoint, and counts an envelope (``envelope``, the first of
-        ``parts``) for its runner."""
+        toward the next checkpoint, and counts an envelope (``envelope_class``) for its
+        runner."""
         self.since_checkpoint += 1
         if self.since_checkpoint == self.state.options.checkpoint_every:
             self.state.cond.notify_all()
         start, end = self.state.writer.enqueue(parts)
-        if envelope is not None:
-            self.note_envelope(envelope, start)
+        if envelope_class is not None:
+            self.note_envelope(envelope_class, start)
         return start, end
 
-    def note_envelope(self, env: rec.Envelope, at: Position) -> None:
+    def note_envelope(self, klass: int, at: Position) -> None:
         """Count an appended envelope for the runner of its class (runners.py: idle runners
-        skip to the head), and keep it until it is durable (``pending_due``). Every
-        envelope appended must come through here."""
-        owner = min(env.klass, self.state.options.last_class)
+        skip to the head). Every envelope appended must come through here."""
+        owner = min(klass, self.state.options.last_class)
         self.runners[owner].appended()
-        self._fresh_envelopes.append((owner, at, env))
+        self._fresh_envelopes.append((owner, at))
 
     def pending_past(self, owner: int, limit: Position) -> int:
         """How many envelopes of runner ``owner`` were appended at or after ``limit`` (only
         not-yet-durable ones are still listed; older ones are behind it)."""
-        return sum(1 for k, at, _env in self._fresh_envelopes if k == owner and at >= limit)
-
-    def pending_due(self, after: Position | None = None) -> float | None:
-        """When the first envelope appended but not yet durable (at or after ``after``)
-        comes due for its runner (None: none is listed, or each is held, which a release
-        appends again). Runners
-        read only the durable log, so an empty claim flushes it once this time has come
-        (``AttemptBook.claim``), and not before: a deferral's replacement due in minutes
-        needs no fsync now (before, every empty claim flushed whatever was pending, and
-        busy delivery loops claimed an fsync a message)."""
-        return min(
-            (
-                self.runners[k].due_at(at, env)
-                for k, at, env in self._fresh_envelopes
-                if env.held is None and (after is None or at >= after)
-            ),
-            default=None,
-        )
+        return sum(1 for k, at in self._fresh_envelopes if k == owner and at >= limit)
 
     def on_durable(self, end: Position) -> None:
         """The writer's callback: the log is durable up to ``end``. Takes the lock."""
         with self.state.lock:
             # Envelopes before the durable end are behind any idle runner's skip point.
-            self._fresh_envelopes = [e for e in self._fresh_envelopes if e[1] >= end]
+            self._fresh_envelopes = [(k, at) for k, at in self._fresh_envelopes if at >= end]
             self.state.cond.notify_all()
 
     def runner_order(self) -> list[Runner]:

@@ -386,55 +386,6 @@ def test_attempts_closed_as_crashed_trip_the_crash_loop_breaker(tmp_path: Path) 
         assert [e.held for e in sp.list()] == ["crash loop: in flight at 2 crashes"]
 
 
-def test_an_empty_claim_flushes_only_for_an_envelope_that_is_due(
-    spool_dir: str, clock: FakeClock
-) -> None:
-    # Runners read only the durable log (R1). A deferral's replacement is appended without
-    # waiting: an empty claim must not flush it while it is not due (before, every empty
-    # claim did, an fsync a message for busy delivery loops), and must flush it, and
-    # hand the message out, once it is.
-    with Spool.open(spool_dir, clock=clock, retry_intervals=[10]) as sp:
-        msg_id = sp.accept("a@example.org", RCPTS, DATA)
-        defer_all(sp)  # its replacement, due in 10 s, is not durable yet
-        fsyncs = sp.statistics().fsyncs
-        assert sp.claim() is None and sp.claim(timeout=0.05) is None
-        assert sp.statistics().fsyncs == fsyncs
-        clock.advance(10)
-        attempt = sp.claim()  # due now: flushed, read, handed out
-        assert attempt is not None and attempt.msg_id == msg_id
-        assert sp.statistics().fsyncs == fsyncs + 1
-        with attempt:
-            attempt.deferred(attempt.envelope.recipients, "451 4.3.0 later")
-        sp.hold(msg_id)  # held: never due until released, so never flushed for
-        fsyncs = sp.statistics().fsyncs
-        clock.advance(3600)
-        assert sp.claim() is None and sp.statistics().fsyncs == fsyncs
-
-
-async def _claim_async(sp: Spool) -> Attempt | None:
-    from spool.async_spool import AsyncSpool
-
-    found = await AsyncSpool(sp).claim(timeout=0)
-    return None if found is None else found.attempt
-
-
-def test_an_empty_awaited_claim_flushes_only_for_an_envelope_that_is_due(
-    spool_dir: str, clock: FakeClock
-) -> None:
-    import asyncio
-
-    with Spool.open(spool_dir, clock=clock, retry_intervals=[10]) as sp:
-        msg_id = sp.accept("a@example.org", RCPTS, DATA)
-        defer_all(sp)
-        fsyncs = sp.statistics().fsyncs
-        assert asyncio.run(_claim_async(sp)) is None
-        assert sp.statistics().fsyncs == fsyncs
-        clock.advance(10)
-        attempt = asyncio.run(_claim_async(sp))
-        assert attempt is not None and attempt.msg_id == msg_id
-        attempt.close()
-
-
 def test_a_close_with_a_deferral_pending_leaves_nothing_for_the_next_open_to_write(
     spool_dir: str,
 ) -> None:
