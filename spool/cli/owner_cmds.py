@@ -21,6 +21,7 @@ from spool.cli.common import (
     require_spool,
 )
 from spool.client import connect
+from spool.errors import SpoolMisuse
 from spool.logs import LOG_FORMATS, setup_logging
 
 SERVE_EXTRA = "pip install 'mailspool[serve]'"
@@ -259,6 +260,13 @@ def _agent_spec(agent: str | None, relay: str | None, transport_map: str | None)
     ]
     if len(given) > 1:
         raise click.UsageError("give one of --agent, --relay and --transport-map")
+    if relay is not None:
+        from spool.agents.smtp import parse_next_hop
+
+        try:
+            parse_next_hop(relay, usage="--relay HOST:PORT[,tls=LEVEL][,cafile=PEM]")
+        except SpoolMisuse as e:
+            raise click.UsageError(str(e)) from None
     return given[0] if given else None
 
 

@@ -112,7 +112,7 @@ def test_serve_refuses_bad_arguments_before_opening(tmp_path: Path) -> None:
     done = spool_cmd("serve", d, "--agent", "smtp:nohostport")
     assert done.returncode == 1 and "smtp:HOST:PORT" in done.stderr
     done = spool_cmd("serve", d, "--relay", "nohostport")
-    assert done.returncode == 1 and "smtp:HOST:PORT" in done.stderr
+    assert done.returncode == 2 and "must be --relay HOST:PORT" in done.stderr
     done = spool_cmd("serve", d, "--relay", "mx.example:25", "--agent", "demo")
     assert done.returncode == 2 and "one of --agent, --relay and --transport-map" in done.stderr
     done = spool_cmd("serve", d, "--transport-map", str(tmp_path / "none"))
