@@ -10,7 +10,8 @@ connection defers them all (451 4.4.1 / 4.4.2), as an MTA does.
 Where the next hop offers PIPELINING (RFC 2920), ``MAIL``, every ``RCPT`` and ``DATA`` go
 in one write and their replies are read in order, as Postfix's smtp(8) sends them: two
 round trips a message (the commands, then the body) instead of three and one per
-recipient. A next hop that does not offer it is asked one command at a time.
+recipient, plus the ``RSET`` that probes a kept connection either way. A next hop that
+does not offer it is asked one command at a time.
 
 TLS, as Postfix's ``smtp_tls_security_level``, given after the port
 (``smtp:HOST:PORT,tls=LEVEL[,cafile=PEM]``):
