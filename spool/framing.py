@@ -13,6 +13,7 @@ time and cut them at every offset.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Final
 
 import attrs
@@ -125,6 +126,41 @@ def peek_header(
     if length > fmt.FRAME_PAYLOAD_MAX:
         return BadFrame(f"frame length {length} exceeds the maximum {fmt.FRAME_PAYLOAD_MAX}")
     return ftype, _HEADER_SIZE + length
+
+
+def whole_frames(
+    buf: bytes, offset: int, salt: int, *, skip_bodies: bool = True
+) -> Iterator[tuple[int, int, int, bytes]]:
+    """(offset, end, type, payload) of each frame of ``buf`` from ``offset`` on, as long
+    as each is whole and checked: for a reader that holds a whole segment in memory.
+
+    It stops quietly at the first frame that is not (a bad type, an impossible length, a
+    checksum mismatch, or a frame that runs past ``buf``): the caller then reads on from
+    the last ``end`` yielded with ``reader.LogCursor``, the one reader that decides
+    whether such bytes are a torn tail or damage. The checks are ``parse_frame``'s, in
+    one loop without a call or an object a frame. With ``skip_bodies`` a BODY frame's
+    checksum is not checked and its payload is given as ``b""``, as
+    ``LogCursor(skip_bodies=True)`` steps over one.
+    """
+    unpack = _HEADER.unpack_from
+    types = fmt.FRAME_TYPES
+    body = fmt.T_BODY
+    most = fmt.FRAME_PAYLOAD_MAX
+    total = len(buf)
+    while offset + _HEADER_SIZE <= total:
+        crc, length, ftype = unpack(buf, offset)
+        start = offset + _HEADER_SIZE
+        end = start + length
+        if ftype not in types or length > most or end > total:
+            return
+        if ftype == body and skip_bodies:
+            yield offset, end, ftype, b""
+        else:
+            payload = buf[start:end]
+            if crc32c(payload, crc32c(buf[offset + 4 : start], salt)) != crc:
+                return
+            yield offset, end, ftype, payload
+        offset = end
 
 
 # Frames up to this size are searched for a single flipped bit (8 CRC steps a byte).

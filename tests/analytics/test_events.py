@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import errno
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,14 +13,22 @@ from crc32c import crc32c
 
 from spool import Spool
 from spool import format as fmt
+from spool import records as rec
 from spool.analytics.events import (
     COLUMNS,
+    SegmentSource,
+    _cursor,
+    _damage_row,
     parse_source,
     plan_segments,
     readable_end,
+    record_rows,
     segment_rows,
 )
 from spool.errors import CorruptSpool, NotASpool, SegmentUnreadable
+from spool.framing import Frame
+from spool.fs import FileSystem
+from spool.records import Position
 from spool.testing import FakeClock, deliver_all
 from spool.testing.doubles import FaultFS
 
@@ -207,3 +217,76 @@ def test_a_segment_retired_into_the_archive_after_planning_is_read_there(tmp_pat
     rows = [row for s in plan for row in segment_rows(s)]
     accepted = {r[4] for r in rows if r[KIND] == "accepted"}
     assert accepted == set(ids)
+
+
+def _rows_by_cursor(source: SegmentSource, on_damage: str) -> list[tuple[object, ...]]:
+    """The rows as ``LogCursor`` alone reads them, frame by frame: the reading that
+    ``segment_rows``'s whole-segment loop must match (it hands over to the cursor at the
+    first frame that is not whole and checked)."""
+    path = os.path.join(source.log_dir, fmt.segment_name(source.segment))
+    cursor = _cursor(FileSystem(), source, 0)
+    end = Position(source.segment, os.path.getsize(path))
+    rows: list[tuple[object, ...]] = []
+    try:
+        while (item := cursor.next(end)) is not None:
+            pos, frame = item
+            if isinstance(frame, Frame) and frame.type not in (fmt.T_BODY, fmt.T_PAD):
+                record = rec.decode_stored(frame.type, frame.payload, path, pos.offset)
+                rows.extend(record_rows(source.server, pos, record))
+    except CorruptSpool as exc:
+        if on_damage != "skip":
+            raise
+        rows.append(_damage_row(source, exc))
+    finally:
+        cursor.close()
+    return rows
+
+
+def _outcome(read: Callable[..., list[tuple[object, ...]]], *args: object) -> object:
+    try:
+        return read(*args)
+    except CorruptSpool as exc:
+        return ("CorruptSpool", exc.path, exc.offset)
+
+
+def _fast(source: SegmentSource, on_damage: str) -> list[tuple[object, ...]]:
+    return list(segment_rows(source, on_damage=on_damage))
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["all durable", "newest may be torn"])
+def test_the_whole_segment_loop_reads_every_damaged_copy_as_the_cursor_does(
+    tmp_path: Path, durable: bool
+) -> None:
+    # One byte flipped at a time, and the file cut at a time, all through a segment with
+    # every kind of record: the same rows, the same torn tail, the same damage (file and
+    # offset) as the frame-by-frame reader gives.
+    root = tmp_path / "mx"
+    clock = FakeClock()
+    with Spool.open(root, clock=clock, retry_intervals=[60]) as sp:
+        for n in range(6):
+            sp.accept("a@example.org", ["b@example.net", "c@example.com"], b"body %d" % n)
+        while (attempt := sp.claim()) is not None:
+            with attempt:
+                attempt.delivered(["b@example.net"], "250 2.0.0 ok")
+                attempt.deferred(["c@example.com"], "451 4.7.1 greylisted")
+        held = sp.accept("a@example.org", ["d@example.net"], b"held")
+        sp.hold(held)
+        if durable:
+            sp.checkpoint()
+    [seg] = sorted((root / fmt.LOG_DIR).iterdir())
+    good = seg.read_bytes()
+    [source] = plan_segments([str(root)])
+    assert _outcome(_fast, source, "error") == _rows_by_cursor(source, "error")
+    changes = [("flip", at) for at in range(fmt.SEGMENT_HEADER_SIZE, len(good), 5)]
+    changes += [("cut", at) for at in range(fmt.SEGMENT_HEADER_SIZE, len(good), 37)]
+    for change, at in changes:
+        if change == "flip":
+            damaged = bytearray(good)
+            damaged[at] ^= 0x04
+            seg.write_bytes(bytes(damaged))
+        else:
+            seg.write_bytes(good[:at])
+        for on_damage in ("error", "skip"):
+            fast = _outcome(_fast, source, on_damage)
+            slow = _outcome(_rows_by_cursor, source, on_damage)
+            assert fast == slow, (change, at, on_damage)

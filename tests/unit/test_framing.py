@@ -15,6 +15,7 @@ from spool.framing import (
     encode_frame,
     padding_for,
     parse_frame,
+    whole_frames,
 )
 
 TYPES = sorted(fmt.FRAME_TYPES)
@@ -146,4 +147,39 @@ def test_scanner_read_in_any_chunks_and_stepping_over_bodies_sees_every_frame(
         size = chunks[turn % len(chunks)]
         turn += 1
         scanner.feed(stream[scanner.end - start : scanner.end - start + size])
+    assert got == expected
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(TYPES), st.binary(max_size=300)), max_size=8),
+    st.integers(min_value=0, max_value=10_000),
+    st.sampled_from(["flip", "cut", "none"]),
+)
+def test_whole_frames_yields_what_the_scanner_checks_and_stops_where_it_does(
+    parts: list[tuple[int, bytes]], at: int, change: str
+) -> None:
+    salt = 0x5EED
+    stream = bytearray(b"".join(encode_frame(t, p, salt) for t, p in parts))
+    if stream and change == "flip":
+        stream[at % len(stream)] ^= 0x01
+    elif change == "cut":
+        del stream[at % (len(stream) + 1) :]
+    data = bytes(stream)
+    scanner = Scanner(salt)
+    scanner.feed(data)
+    expected = []
+    while True:
+        head = scanner.peek()
+        if isinstance(head, tuple) and head[0] == fmt.T_BODY:
+            if scanner.position + head[1] > len(data):
+                break
+            expected.append((scanner.position, head[1], fmt.T_BODY, b""))  # stepped over
+            scanner.seek(scanner.position + head[1])
+            continue
+        start = scanner.position
+        frame = scanner.next()
+        if not isinstance(frame, Frame):
+            break
+        expected.append((start, frame.size, frame.type, frame.payload))
+    got = [(at, end - at, t, payload) for at, end, t, payload in whole_frames(data, 0, salt)]
     assert got == expected
