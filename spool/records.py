@@ -40,16 +40,18 @@ class Position(NamedTuple):
 
     @classmethod
     def from_obj(cls, obj: Any) -> Position:
-        if (
-            not isinstance(obj, list)
-            or len(obj) != 2
-            or not all(isinstance(x, int) and x >= 0 for x in obj)
-        ):
-            raise RecordError(f"bad position {obj!r}")
-        return cls(obj[0], obj[1])
+        # Unrolled (no generator): every record a reader decodes names a position or two.
+        if isinstance(obj, list) and len(obj) == 2:
+            segment, offset = obj
+            if isinstance(segment, int) and isinstance(offset, int) and segment >= 0 <= offset:
+                return _new_position(cls, (segment, offset))
+        raise RecordError(f"bad position {obj!r}")
 
     def __str__(self) -> str:
         return f"{self.segment}:{self.offset}"
+
+
+_new_position = tuple.__new__  # a named tuple's own __new__ is a Python function
 
 
 # Delta statuses.
@@ -227,9 +229,13 @@ Record = Envelope | Start | Delta | Finish | Control
 
 
 def _rcpts(obj: Any) -> tuple[str, ...]:
-    if not isinstance(obj, list) or not all(isinstance(r, str) for r in obj):
-        raise RecordError(f"bad recipient list {obj!r}")
-    return tuple(obj)
+    if isinstance(obj, list):
+        for r in obj:
+            if not isinstance(r, str):
+                break
+        else:
+            return tuple(obj)
+    raise RecordError(f"bad recipient list {obj!r}")
 
 
 def encode(record: Record) -> tuple[int, bytes]:
