@@ -59,9 +59,7 @@ def spark_session(master: str | None = None, *, verbose: bool = False) -> SparkS
     )
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = builder.config("spark.driver.host", "127.0.0.1").config(
-            "spark.sql.shuffle.partitions", str(max(2, (os.cpu_count() or 2)))
-        )
+        builder = builder.config("spark.driver.host", "127.0.0.1")
     if not verbose:
         config = resources.files("spool.analytics").joinpath("log4j2.properties")
         builder = builder.config(
@@ -70,5 +68,16 @@ def spark_session(master: str | None = None, *, verbose: bool = False) -> SparkS
     spark = _quietly(builder.getOrCreate) if not verbose else builder.getOrCreate()
     if not verbose:
         spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(SpoolDataSource)
+    prepare(spark)
     return spark
+
+
+def prepare(spark: SparkSession) -> None:
+    """What a report needs of a session it did not build (``spark-submit``'s): the data
+    source registered, and a shuffle partition a core unless the operator chose a number
+    (spark-defaults.conf, ``--conf``). A report's shuffles carry a few columns a row;
+    Spark's default of 200 partitions made a run on a small cluster twice as long."""
+    if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        cores = spark.sparkContext.defaultParallelism
+        spark.conf.set("spark.sql.shuffle.partitions", str(max(2, cores)))
+    spark.dataSource.register(SpoolDataSource)

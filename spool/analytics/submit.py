@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from spool.analytics.command import parse_time
 from spool.analytics.pipeline import run_report
-from spool.analytics.source import SpoolDataSource
+from spool.analytics.session import prepare
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--on-damage", choices=("error", "skip"), default="error")
     args = parser.parse_args(argv)
     spark = SparkSession.builder.appName("spool report").getOrCreate()
-    spark.dataSource.register(SpoolDataSource)
+    prepare(spark)
     try:
         summary = run_report(
             spark,

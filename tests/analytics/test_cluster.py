@@ -31,9 +31,6 @@ def test_the_report_runs_on_a_standalone_cluster(fleet: tuple[Path, Any], tmp_pa
             [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", master,
              "--py-files", shipped, "--conf", "spark.ui.enabled=false",
              "--conf", "spark.driver.host=127.0.0.1",
-             # A small fleet: Spark's default of 200 shuffle partitions made the run
-             # three times longer (docs/analytics.md).
-             "--conf", "spark.sql.shuffle.partitions=2",
              str(job), str(out / "mx1"), str(out / "mx2"), "--out", str(tmp_path / "r")],
             capture_output=True, text=True, timeout=600,
             env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
