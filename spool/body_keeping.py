@@ -197,7 +197,8 @@ class BodyKeeper:
         self.staged[msg_id] = end
         # A file of that name doomed earlier (an orphan recovery found: a copy a crash cut
         # short before its record) is this copy now, written again: it must stay.
-        self.doomed = [m for m in self.doomed if m != msg_id]
+        if msg_id in self.doomed:  # rarely: no new list for every copy (a list scan in C)
+            self.doomed = [m for m in self.doomed if m != msg_id]
         self.release_body(inline, msg_id)
         self.state.counts["bodies_promoted"] += 1
 
