@@ -40,6 +40,7 @@ from spool.framing import (
     one_bit_fixed,
     parse_frame,
     peek_header,
+    whole_frames,
 )
 from spool.fs import FileSystem
 from spool.records import Position
@@ -335,6 +336,44 @@ class LogCursor:
         data = self._fs.pread(self._fd, max(self._chunk, need), self._scanner.end)
         self._scanner.feed(data)
         self.bytes_read += len(data)
+
+    def segment_frames(self, stop: int) -> Iterator[tuple[int, int, bytes]]:
+        """(offset, type, payload) of the frames of the cursor's segment from its position
+        to byte ``stop``, as ``next`` reads them (a BODY frame stepped over, with
+        ``skip_bodies``, has the payload ``b""``), for a reader of whole segments (the
+        analytics).
+
+        The bytes are read at once and their whole, checked frames taken in one loop
+        (``framing.whole_frames``); from the first frame that is not, ``next`` reads on
+        through the same descriptor and decides, as everywhere, whether that is a torn
+        tail (the end, quietly) or damage (``CorruptSpool``). The position follows the
+        frames given."""
+        segment = self.position.segment
+        limit = self._limit = Position(segment, stop)
+        if self.position >= limit:
+            return
+        if self._fd is None or self._fd_segment != segment:
+            try:
+                if not self._open(segment):
+                    return
+            except _Stop:
+                return  # a header never written: a torn tail
+        assert self._fd is not None
+        start = self.position.offset
+        end_in_file = min(stop, self._fs.size(self._fd))
+        if start < end_in_file:
+            data = self._fs.pread(self._fd, end_in_file - start, start)
+            self.bytes_read += len(data)
+            frames = whole_frames(data, 0, self._salt, skip_bodies=self._skip_bodies)
+            for at, end, ftype, payload in frames:
+                yield start + at, ftype, payload
+                self.position = Position(segment, start + end)
+        while (item := self.next(limit)) is not None:
+            pos, frame = item
+            if isinstance(frame, Frame):
+                yield pos.offset, frame.type, frame.payload
+            else:
+                yield pos.offset, fmt.T_BODY, b""
 
     def next(self, limit: Position | None = None) -> tuple[Position, Frame | SkippedBody] | None:
         """The next frame and its position, or None at ``limit`` / end of the log.

@@ -31,14 +31,12 @@ import attrs
 
 from spool import format as fmt
 from spool import records as rec
-from spool.errors import CorruptSpool, NotASpool, SegmentUnreadable, SpoolError
-from spool.framing import Frame, whole_frames
+from spool.errors import CorruptSpool, NotASpool, SegmentUnreadable
 from spool.fs import FileSystem
 from spool.options import archive_path, load_settings, resolve_options
 from spool.positions import load_positions, unretired
-from spool.reader import LogCursor, list_segments, open_segment
+from spool.reader import LogCursor, list_segments
 from spool.records import Position
-from spool.segment_header import check_segment_header, segment_salt
 
 # The reply of a recipient that failed because its message was too long in the queue
 # (``attempts.EXPIRED_REPLY`` starts with it): such a failure is the kind ``expired``.
@@ -199,7 +197,7 @@ def segment_rows(
             return  # deleted since it was planned (a live spool's garbage collection)
         except OSError as exc:
             raise SegmentUnreadable.from_os_error(path, exc) from None
-    frames = _frames(fs, source, path, start, stop)
+    frames = _frames(fs, source, start, stop)
     try:
         for offset, ftype, payload in frames:
             if ftype in (fmt.T_BODY, fmt.T_PAD):
@@ -225,42 +223,15 @@ def segment_rows(
 
 
 def _frames(
-    fs: FileSystem, source: SegmentSource, path: str, start: int, stop: int
+    fs: FileSystem, source: SegmentSource, start: int, stop: int
 ) -> Generator[tuple[int, int, bytes], None, None]:
     """(offset, type, payload) of the segment's frames from ``start`` to ``stop``, BODY
-    frames with an empty payload (not read).
-
-    The bytes up to ``stop`` are read at once and their whole, checked frames taken in one
-    loop (``framing.whole_frames``); from the first frame that is not (or if the header
-    does not check), ``LogCursor`` reads on and decides, as everywhere in the spool,
-    whether that is a torn tail to stop at quietly or damage to raise."""
-    offset = start
+    frames with an empty payload (not read): ``LogCursor.segment_frames``, which reads
+    the whole range at once and decides at its first bad frame as the spool's reader
+    does."""
+    cursor = _cursor(fs, source, start)
     try:
-        fd = open_segment(fs, path)
-    except (OSError, SpoolError):
-        fd = None  # the cursor opens it again and says what is wrong, in its own terms
-    if fd is not None:
-        try:
-            header = fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
-            if check_segment_header(header, source.segment, path) is None:
-                offset = max(start, fmt.SEGMENT_HEADER_SIZE)
-                data = fs.pread(fd, max(0, stop - offset), offset)
-                base = offset
-                for at, end, ftype, payload in whole_frames(data, 0, segment_salt(header)):
-                    yield base + at, ftype, payload
-                    offset = base + end
-        finally:
-            fs.close(fd)
-    if offset >= stop:
-        return
-    cursor = _cursor(fs, source, offset)
-    try:
-        while (item := cursor.next(Position(source.segment, stop))) is not None:
-            pos, frame = item
-            if isinstance(frame, Frame):
-                yield pos.offset, frame.type, frame.payload
-            else:
-                yield pos.offset, fmt.T_BODY, b""
+        yield from cursor.segment_frames(stop)
     finally:
         cursor.close()
 

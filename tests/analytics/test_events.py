@@ -290,3 +290,45 @@ def test_the_whole_segment_loop_reads_every_damaged_copy_as_the_cursor_does(
             fast = _outcome(_fast, source, on_damage)
             slow = _outcome(_rows_by_cursor, source, on_damage)
             assert fast == slow, (change, at, on_damage)
+
+
+def test_a_segment_is_opened_once_and_read_through_that_descriptor(tmp_path: Path) -> None:
+    # The whole-segment loop and the reader that takes over at a bad frame share one
+    # descriptor: an open that fails once is an error, not retried quietly; a segment
+    # retired into the archive while it is read still shows its damage; a slice with
+    # nothing in it reads nothing; a ``stop`` past the file reads what there is.
+    root = tmp_path / "mx"
+    with Spool.open(root, clock=FakeClock(), archive_dir="../archive", segment_size=4096) as sp:
+        for n in range(30):  # queued: every segment stays in the log
+            sp.accept("a@example.org", ["b@example.net"], b"x" * 300 + b"%d" % n)
+    source = plan_segments([str(root)])[0]
+    assert source.newest != source.segment
+    path = root / fmt.LOG_DIR / fmt.segment_name(source.segment)
+    good = list(segment_rows(source))
+    assert good and list(segment_rows(source, stop=10**12)) == good
+    once = FaultFS()
+    once.fail("open", sticky=False)
+    with pytest.raises(SegmentUnreadable):
+        list(segment_rows(source, fs=once))
+    nothing = FaultFS()
+    nothing.fail("pread")
+    assert list(segment_rows(source, start=100, stop=100, fs=nothing)) == []
+
+    damaged = bytearray(path.read_bytes())
+    damaged[1000] ^= 0x10
+    path.write_bytes(bytes(damaged))
+    archive = tmp_path / "archive"
+    archive.mkdir(exist_ok=True)
+
+    class RetiredWhileRead(FileSystem):
+        """Moves the segment into the archive (as a checkpoint of its owner would) once
+        its bytes have been read."""
+
+        def pread(self, fd: int, size: int, offset: int) -> bytes:
+            data = super().pread(fd, size, offset)
+            if path.exists() and size > fmt.SEGMENT_HEADER_SIZE:
+                os.rename(path, archive / path.name)
+            return data
+
+    with pytest.raises(CorruptSpool, match=f"{path} at offset"):
+        list(segment_rows(source, fs=RetiredWhileRead()))
