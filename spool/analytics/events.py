@@ -185,21 +185,23 @@ def segment_rows(
     path = os.path.join(source.log_dir, fmt.segment_name(source.segment))
     if source.archive is not None and not fs.exists(path):
         # Retired since it was planned, into the archive: complete there, read there.
-        moved = SegmentSource(
-            source.server, source.archive, source.segment, None, (source.segment + 1, 0)
-        )
-        yield from segment_rows(moved, on_damage=on_damage, start=start, stop=stop, fs=fs)
+        yield from _archived_rows(source, on_damage, start, stop, fs)
         return
     if stop is None:
         try:
             stop = fs.file_size(path)  # what is there now: the end, asked once, not per frame
         except FileNotFoundError:
-            return  # deleted since it was planned (a live spool's garbage collection)
+            # Deleted since it was planned (a live spool's garbage collection), or retired
+            # into its archive since the look above.
+            yield from _archived_rows(source, on_damage, start, stop, fs)
+            return
         except OSError as exc:
             raise SegmentUnreadable.from_os_error(path, exc) from None
     frames = _frames(fs, source, start, stop)
+    framed = False  # whether the file was found and a frame of it read
     try:
         for offset, ftype, payload in frames:
+            framed = True
             if ftype in (fmt.T_BODY, fmt.T_PAD):
                 continue  # a body stepped over, or padding
             try:
@@ -220,6 +222,22 @@ def segment_rows(
         raise SegmentUnreadable.from_os_error(path, exc) from None
     finally:
         frames.close()
+    if not framed and source.archive is not None and not fs.exists(path):
+        # Retired between the look above and the open: nothing of it was read here.
+        yield from _archived_rows(source, on_damage, start, stop, fs)
+
+
+def _archived_rows(
+    source: SegmentSource, on_damage: str, start: int, stop: int | None, fs: FileSystem
+) -> Iterator[tuple[Any, ...]]:
+    """The rows of a live spool's segment from its archive, where a checkpoint moved it
+    (complete there: any bad frame is damage); none if it is not there either."""
+    if source.archive is None:
+        return
+    moved = SegmentSource(
+        source.server, source.archive, source.segment, None, (source.segment + 1, 0)
+    )
+    yield from segment_rows(moved, on_damage=on_damage, start=start, stop=stop, fs=fs)
 
 
 def _frames(

@@ -332,3 +332,36 @@ def test_a_segment_is_opened_once_and_read_through_that_descriptor(tmp_path: Pat
 
     with pytest.raises(CorruptSpool, match=f"{path} at offset"):
         list(segment_rows(source, fs=RetiredWhileRead()))
+
+
+@pytest.mark.parametrize("moment", ["file_size", "open"])
+def test_a_segment_retired_just_before_it_is_opened_is_read_from_the_archive(
+    tmp_path: Path, moment: str
+) -> None:
+    # The owner's checkpoint may move the segment between the look for it and its open
+    # (or the look at its size): its rows come from the archive, not nothing.
+    root = tmp_path / "mx"
+    with Spool.open(root, clock=FakeClock(), archive_dir="../archive", segment_size=4096) as sp:
+        for n in range(30):
+            sp.accept("a@example.org", ["b@example.net"], b"x" * 300 + b"%d" % n)
+    source = plan_segments([str(root)])[0]
+    path = root / fmt.LOG_DIR / fmt.segment_name(source.segment)
+    expected = list(segment_rows(source))
+    archive = tmp_path / "archive"
+    archive.mkdir(exist_ok=True)
+
+    class RetiredAtThatMoment(FileSystem):
+        def _retire(self, at: str) -> None:
+            if at == moment and path.exists():
+                os.rename(path, archive / path.name)
+
+        def file_size(self, p: str) -> int:
+            self._retire("file_size")
+            return super().file_size(p)
+
+        def open(self, p: str, flags: int, mode: int = 0o600) -> int:
+            self._retire("open")
+            return super().open(p, flags, mode)
+
+    assert expected and list(segment_rows(source, fs=RetiredAtThatMoment())) == expected
+    assert not path.exists()
