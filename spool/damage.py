@@ -303,14 +303,19 @@ def _padding_end(data: bytes, pos: int, salt: int) -> int | None:
 def _burst_padding_end(data: bytes, pos: int, salt: int) -> int | None:
     """Where a PAD frame at ``pos`` ends whose header a burst hit (its length no longer
     says): the sector boundary a PAD frame there would end at, if the bytes up to it are
-    that frame but for the burst (``_padding_but_for_a_burst``). The frames after it are
-    then judged on their own: a torn last batch after a damaged PAD is a torn tail, not
-    records lost with the padding (the search for the next valid frame would run through
-    the tear into that batch's later sectors)."""
+    that frame but for the burst, or for two (``_padding_but_for_a_burst``,
+    ``_padding_but_for_two_bursts``: the tests ``_classify`` takes padding by). The frames
+    after it are then judged on their own: a torn last batch after a damaged PAD is a torn
+    tail, not records lost with the padding (the search for the next valid frame would run
+    through the tear into that batch's later sectors, and the repair held the mail there:
+    tests/crash/test_known_repair_gaps.py)."""
     end = pos - pos % fmt.SECTOR + fmt.SECTOR
     if end - pos < fmt.FRAME_HEADER_SIZE:
         end += fmt.SECTOR  # a widened PAD frame (``framing.padding_for``)
-    if end > len(data) or not _padding_but_for_a_burst(data[pos:end], salt):
+    if end > len(data):
+        return None
+    raw = data[pos:end]
+    if not (_padding_but_for_a_burst(raw, salt) or _padding_but_for_two_bursts(raw, salt)):
         return None
     return end
 

@@ -54,12 +54,6 @@ def _state() -> TreeState:
     pytest.fail("the workload never took the trace the state was found in")
 
 
-# Only the last assertion is the known failure: a state that cannot be built fails.
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known gap: a PAD damaged in two places before a torn batch is read as records",
-)
 def test_a_pad_hit_twice_before_a_torn_batch_holds_no_mail(tmp_path: Path) -> None:
     state = _state()
     files = dict(state.files)
