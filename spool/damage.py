@@ -308,7 +308,7 @@ def _burst_padding_end(data: bytes, pos: int, salt: int) -> int | None:
     after it are then judged on their own: a torn last batch after a damaged PAD is a torn
     tail, not records lost with the padding (the search for the next valid frame would run
     through the tear into that batch's later sectors, and the repair held the mail there:
-    tests/crash/test_known_repair_gaps.py)."""
+    tests/crash/test_found_repair_states.py)."""
     end = pos - pos % fmt.SECTOR + fmt.SECTOR
     if end - pos < fmt.FRAME_HEADER_SIZE:
         end += fmt.SECTOR  # a widened PAD frame (``framing.padding_for``)

@@ -1,13 +1,13 @@
-"""A state the crash-state explorer found once (2026-11-27), kept while the repair gets it
-wrong: a repair of damage that touched only padding must name and hold no mail.
+"""A state the crash-state explorer found once (2026-11-27): a repair of damage that touched
+only padding must name and hold no mail.
 
 Workload ``everything-with-outcomes`` (seed 7), crashed after trace op 139 with the
 second sector of a torn batch kept and its first lost; then a burst over the length field
 of a PAD frame in segment 4 and one more byte of it (the ``_pad_header_burst`` layer).
-``damage._burst_padding_end`` allows a damaged PAD one burst, not two, so the scan
-resyncs through the lost sector into the torn one, takes the whole stretch for damaged
-records, and the repair holds the three queued messages after it (a fourth, held before,
-stays held): no mail is lost, but none is delivered until an operator releases it.
+``damage._burst_padding_end`` allowed a damaged PAD one burst, not two, so the scan
+resynced through the lost sector into the torn one, took the whole stretch for damaged
+records, and the repair held the three queued messages after it (a fourth, held before,
+stayed held): no mail was lost, but none was delivered until an operator released it.
 """
 
 from __future__ import annotations
