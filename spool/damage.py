@@ -300,6 +300,12 @@ def _padding_end(data: bytes, pos: int, salt: int) -> int | None:
     return end if _was_padding(data[pos:end]) else None
 
 
+# The payload bytes a PAD frame must have for ``_burst_padding_end`` to take it as padding
+# but for two runs: a record's first 16 payload bytes (a CBOR map's head, its keys and
+# the start of its id) are a dozen non-zero bytes, more than a run can cover.
+TWO_BURSTS_ZEROS_MIN = 16
+
+
 def _burst_padding_end(data: bytes, pos: int, salt: int) -> int | None:
     """Where a PAD frame at ``pos`` ends whose header a burst hit (its length no longer
     says): the sector boundary a PAD frame there would end at, if the bytes up to it are
@@ -315,9 +321,16 @@ def _burst_padding_end(data: bytes, pos: int, salt: int) -> int | None:
     if end > len(data):
         return None
     raw = data[pos:end]
-    if not (_padding_but_for_a_burst(raw, salt) or _padding_but_for_two_bursts(raw, salt)):
-        return None
-    return end
+    # Two runs need zeros to vouch for them: over a frame of a few bytes' payload (a
+    # record's header the last bytes of a sector, its type hit), one run over the CRC
+    # and one over the length and type would pass with nothing else to compare.
+    if _padding_but_for_a_burst(raw, salt):
+        return end
+    if len(raw) - fmt.FRAME_HEADER_SIZE >= TWO_BURSTS_ZEROS_MIN and _padding_but_for_two_bursts(
+        raw, salt
+    ):
+        return end
+    return None
 
 
 def _correct_in_place(

@@ -36,6 +36,7 @@ from spool.damage import (
     id_merged,
     partial_id_reads,
     recover_salt,
+    scan_segment,
 )
 from spool.framing import Frame, encode_frame, frame_crc, pad_frame, parse_frame
 from spool.fs import FileSystem
@@ -1853,3 +1854,27 @@ def test_a_burst_over_the_length_of_an_older_segments_last_pad_names_no_mail(
     assert report.fates == (), report.fates
     assert report.after.clean, report.after.problems
     assert set(delivered_contents(root)) == set(msgs)
+
+
+def test_a_record_header_ending_a_sector_with_its_type_hit_is_put_right_not_padding() -> None:
+    # Found by review of the two-run PAD rule at a sector's end: a record frame whose
+    # header is the last 9 bytes of a sector (its length a multiple of 256) with one bit of
+    # its type flipped reads as a PAD of no payload but for two runs (its CRC; its length's
+    # high byte and its type). With no zeros to vouch for the runs that is no padding: the
+    # bit is put right, as before the rule.
+    salt = 0x2468ACE0
+    envelope = rec.Envelope(
+        "6B49D2002168E7B9", "a@b.example", ("r0@x4.example",), 1.0, 1.0,
+        rec.BodyRef(rec.BODY_INLINE, 121),
+    )  # fmt: skip
+    _ftype, payload = rec.encode(envelope)
+    payload += bytes(256 - len(payload))  # not decodable whole; the scan reads frames
+    head = segment_header(1, salt)
+    data = bytearray(head + pad_frame(fmt.SECTOR - len(head) - 9, salt))
+    at = len(data)
+    data += encode_frame(fmt.T_ENVELOPE, payload, salt)
+    data += pad_frame(-len(data) % fmt.SECTOR or fmt.SECTOR, salt)
+    data[at + 8] ^= 0x40  # the record's type byte, the sector's last
+    scan = scan_segment(bytes(data), 1, newest=False, durable_end=len(data))
+    assert [pos for pos, _frame, _what in scan.corrections] == [at]
+    assert all(isinstance(item, Frame) for _, item in scan.items)
