@@ -326,12 +326,24 @@ def _map(payload: bytes) -> dict[str, Any]:
     return obj
 
 
+def record_map(payload: bytes) -> dict[str, Any] | None:
+    """The CBOR map a record payload holds, or None if it holds none (``decode`` then
+    says why): for a reader that builds what it needs from the map itself where every
+    field is as the spool writes it (the analytics, ``analytics/lean_rows.py``)."""
+    try:
+        obj = cbor2.loads(payload)
+    except Exception:  # cbor2 raises several types for malformed input
+        return None
+    return obj if type(obj) is dict else None
+
+
 def decode(ftype: int, payload: bytes) -> Record:
     """Decode a record payload. Raises RecordError on anything malformed."""
     obj = _map(payload)
     try:
         return _decode_map(ftype, obj)
-    except (KeyError, TypeError, ValueError) as exc:
+    # OverflowError: an integer beyond any float where a time is (CBOR has bignums).
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, RecordError):
             raise
         raise RecordError(f"{fmt.TYPE_NAMES.get(ftype, ftype)} record: {exc!r}") from exc
@@ -349,21 +361,35 @@ def decode_stored(ftype: int, payload: bytes, path: str, offset: int) -> Record:
 
 
 def _str(obj: Any) -> str:
+    if type(obj) is str:  # the common case first: a record has several of them
+        return obj
     if not isinstance(obj, str):
         raise RecordError(f"expected text, got {obj!r}")
     return obj
 
 
 def _num(obj: Any) -> float:
+    if type(obj) is float:  # what the spool writes (float(x) of a float is x)
+        return obj
     if not isinstance(obj, int | float) or isinstance(obj, bool):
         raise RecordError(f"expected a number, got {obj!r}")
     return float(obj)
 
 
 def _int(obj: Any) -> int:
+    if type(obj) is int and obj >= 0:  # the common case first (True is not ``int``)
+        return obj
     if not isinstance(obj, int) or isinstance(obj, bool) or obj < 0:
         raise RecordError(f"expected a non-negative integer, got {obj!r}")
     return obj
+
+
+def _outcomes(obj: Any) -> tuple[Outcome, ...]:
+    """The outcomes of an ``out`` field (a list comprehension, not a generator: most
+    records have none or one, and a generator costs more than its work)."""
+    if type(obj) is list and not obj:
+        return ()
+    return tuple([Outcome.from_obj(o) for o in obj])
 
 
 def _positions(obj: Any) -> tuple[Position, ...]:
@@ -373,24 +399,26 @@ def _positions(obj: Any) -> tuple[Position, ...]:
 
 
 def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
+    # Positional arguments in the fields' order: a call with fourteen keywords costs
+    # twice what the record's construction does (every record a reader reads).
     if ftype == fmt.T_ENVELOPE:
         held = obj.get("held")
         reply = obj.get("reply")
         return Envelope(
-            msg_id=_str(obj["id"]),
-            sender=_str(obj["from"]),
-            recipients=_rcpts(obj["to"]),
-            accepted_at=_num(obj["acc"]),
-            written_at=_num(obj["ts"]),
-            body=BodyRef.from_obj(obj["body"]),
-            attempts=_int(obj["att"]),
-            klass=_int(obj["cls"]),
-            held=None if held is None else _str(held),
-            crashes=_int(obj.get("crash", 0)),
-            supersedes=Position.from_obj(obj["sup"]) if "sup" in obj else None,
-            outcomes=tuple(Outcome.from_obj(o) for o in obj.get("out", [])),
-            last_reply=None if reply is None else _str(reply),
-            promoted_from=Position.from_obj(obj["prom"]) if "prom" in obj else None,
+            _str(obj["id"]),  # msg_id
+            _str(obj["from"]),  # sender
+            _rcpts(obj["to"]),  # recipients
+            _num(obj["acc"]),  # accepted_at
+            _num(obj["ts"]),  # written_at
+            BodyRef.from_obj(obj["body"]),  # body
+            _int(obj["att"]),  # attempts
+            _int(obj["cls"]),  # klass
+            None if held is None else _str(held),  # held
+            _int(obj.get("crash", 0)),  # crashes
+            Position.from_obj(obj["sup"]) if "sup" in obj else None,  # supersedes
+            _outcomes(obj["out"]) if "out" in obj else (),  # outcomes
+            None if reply is None else _str(reply),  # last_reply
+            Position.from_obj(obj["prom"]) if "prom" in obj else None,  # promoted_from
         )
     if ftype == fmt.T_START:
         return Start(
@@ -405,14 +433,14 @@ def _decode_map(ftype: int, obj: dict[str, Any]) -> Record:
         )
     if ftype == fmt.T_FINISH:
         return Finish(
-            msg_id=_str(obj["id"]),
-            at=_num(obj["ts"]),
-            body=BodyRef.from_obj(obj["body"]),
-            outcomes=tuple(Outcome.from_obj(o) for o in obj["out"]),
-            reason=_str(obj.get("why", "")),
-            sender=_str(obj["from"]) if "from" in obj else None,
-            accepted_at=_num(obj["acc"]) if "acc" in obj else None,
-            promoted_from=Position.from_obj(obj["prom"]) if "prom" in obj else None,
+            _str(obj["id"]),  # msg_id
+            _num(obj["ts"]),  # at
+            BodyRef.from_obj(obj["body"]),  # body
+            _outcomes(obj["out"]),  # outcomes
+            _str(obj.get("why", "")),  # reason
+            _str(obj["from"]) if "from" in obj else None,  # sender
+            _num(obj["acc"]) if "acc" in obj else None,  # accepted_at
+            Position.from_obj(obj["prom"]) if "prom" in obj else None,  # promoted_from
         )
     if ftype == fmt.T_CONTROL:
         action = _str(obj["act"])

@@ -80,6 +80,28 @@ def test_decoder_never_raises_anything_but_record_error(payload: bytes, ftype: i
         rec.decode(ftype, payload)
 
 
+@pytest.mark.parametrize(
+    ("ftype", "obj"),
+    [
+        (fmt.T_START, {"id": "x", "env": [1, 2], "cls": 0, "ts": 10**400}),
+        (
+            fmt.T_FINISH,
+            {
+                "id": "x",
+                "ts": 1.0,
+                "body": {"k": "inline", "n": 1},
+                "out": [["a", "failed", "", 10**400]],
+            },
+        ),
+    ],
+)
+def test_a_time_beyond_any_float_is_a_record_error(ftype: int, obj: dict[str, object]) -> None:
+    """CBOR has integers of any size: one where a time is was an OverflowError, which
+    nothing above the codec expects (recovery would have died of it, not named it)."""
+    with pytest.raises(rec.RecordError, match="OverflowError"):
+        rec.decode(ftype, cbor2.dumps(obj))
+
+
 def test_body_payload_carries_its_message_id() -> None:
     payload = rec.encode_body("0123456789ABCDEF", b"data")
     assert rec.decode_body(payload) == ("0123456789ABCDEF", b"data")
