@@ -129,7 +129,7 @@ def peek_header(
 
 
 def whole_frames(
-    buf: bytes, offset: int, salt: int, *, skip_bodies: bool = True
+    buf: bytes, offset: int, salt: int, *, skip_bodies: bool = True, records_only: bool = False
 ) -> Iterator[tuple[int, int, int, bytes]]:
     """(offset, end, type, payload) of each frame of ``buf`` from ``offset`` on, as long
     as each is whole and checked: for a reader that holds a whole segment in memory.
@@ -140,11 +140,13 @@ def whole_frames(
     whether such bytes are a torn tail or damage. The checks are ``parse_frame``'s, in
     one loop without a call or an object a frame. With ``skip_bodies`` a BODY frame's
     checksum is not checked and its payload is given as ``b""``, as
-    ``LogCursor(skip_bodies=True)`` steps over one.
+    ``LogCursor(skip_bodies=True)`` steps over one. With ``records_only`` BODY and PAD
+    frames are not given (still checked as without it), for a reader of records only.
     """
     unpack = _HEADER.unpack_from
     types = fmt.FRAME_TYPES
     body = fmt.T_BODY
+    pad = fmt.T_PAD
     most = fmt.FRAME_PAYLOAD_MAX
     total = len(buf)
     while offset + _HEADER_SIZE <= total:
@@ -154,12 +156,14 @@ def whole_frames(
         if ftype not in types or length > most or end > total:
             return
         if ftype == body and skip_bodies:
-            yield offset, end, ftype, b""
+            if not records_only:
+                yield offset, end, ftype, b""
         else:
             payload = buf[start:end]
             if crc32c(payload, crc32c(buf[offset + 4 : start], salt)) != crc:
                 return
-            yield offset, end, ftype, payload
+            if not records_only or (ftype != body and ftype != pad):
+                yield offset, end, ftype, payload
         offset = end
 
 

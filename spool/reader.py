@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Final
 
 import attrs
@@ -337,17 +337,17 @@ class LogCursor:
         self._scanner.feed(data)
         self.bytes_read += len(data)
 
-    def segment_frames(self, stop: int) -> Iterator[tuple[int, int, bytes]]:
-        """(offset, type, payload) of the frames of the cursor's segment from its position
-        to byte ``stop``, as ``next`` reads them (a BODY frame stepped over, with
-        ``skip_bodies``, has the payload ``b""``), for a reader of whole segments (the
-        analytics).
+    def segment_frames(self, stop: int) -> Generator[tuple[int, int, bytes], None, None]:
+        """(offset, type, payload) of the record frames of the cursor's segment from its
+        position to byte ``stop``, as ``next`` reads them (BODY and PAD frames are stepped
+        over), for a reader of whole segments' records (the analytics).
 
         The bytes are read at once and their whole, checked frames taken in one loop
         (``framing.whole_frames``); from the first frame that is not, ``next`` reads on
         through the same descriptor and decides, as everywhere, whether that is a torn
-        tail (the end, quietly) or damage (``CorruptSpool``). The position follows the
-        frames given."""
+        tail (the end, quietly) or damage (``CorruptSpool``). The position is the end of
+        the last frame given once the whole frames are taken (or the caller stops), so
+        that ``next`` reads again any BODY or PAD frames stepped over after it."""
         segment = self.position.segment
         limit = self._limit = Position(segment, stop)
         if self.position >= limit:
@@ -364,16 +364,21 @@ class LogCursor:
         if start < end_in_file:
             data = self._fs.pread(self._fd, end_in_file - start, start)
             self.bytes_read += len(data)
-            frames = whole_frames(data, 0, self._salt, skip_bodies=self._skip_bodies)
-            for at, end, ftype, payload in frames:
-                yield start + at, ftype, payload
-                self.position = Position(segment, start + end)
+            frames = whole_frames(
+                data, 0, self._salt, skip_bodies=self._skip_bodies, records_only=True
+            )
+            taken = 0  # the end of the last frame given, in ``data``
+            try:
+                for at, end, ftype, payload in frames:
+                    yield start + at, ftype, payload
+                    taken = end
+            finally:  # (once, not a position a frame: this loop is the analytics' decode)
+                if taken:
+                    self.position = Position(segment, start + taken)
         while (item := self.next(limit)) is not None:
             pos, frame = item
-            if isinstance(frame, Frame):
+            if isinstance(frame, Frame) and frame.type not in (fmt.T_BODY, fmt.T_PAD):
                 yield pos.offset, frame.type, frame.payload
-            else:
-                yield pos.offset, fmt.T_BODY, b""
 
     def next(self, limit: Position | None = None) -> tuple[Position, Frame | SkippedBody] | None:
         """The next frame and its position, or None at ``limit`` / end of the log.

@@ -183,3 +183,6 @@ def test_whole_frames_yields_what_the_scanner_checks_and_stops_where_it_does(
         expected.append((start, frame.size, frame.type, frame.payload))
     got = [(at, end - at, t, payload) for at, end, t, payload in whole_frames(data, 0, salt)]
     assert got == expected
+    records = whole_frames(data, 0, salt, records_only=True)
+    got = [(at, end - at, t, payload) for at, end, t, payload in records]
+    assert got == [e for e in expected if e[2] not in (fmt.T_BODY, fmt.T_PAD)]
