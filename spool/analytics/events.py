@@ -24,23 +24,20 @@ Reads only; takes no lock, so it runs beside a running owner.
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import Any, Final
 
 import attrs
 
 from spool import format as fmt
 from spool import records as rec
+from spool.analytics.lean_rows import kind_of, lean_rows
 from spool.errors import CorruptSpool, NotASpool, SegmentUnreadable
 from spool.fs import FileSystem
 from spool.options import archive_path, load_settings, resolve_options
 from spool.positions import load_positions, unretired
 from spool.reader import LogCursor, list_segments
 from spool.records import Position
-
-# The reply of a recipient that failed because its message was too long in the queue
-# (``attempts.EXPIRED_REPLY`` starts with it): such a failure is the kind ``expired``.
-EXPIRED_PREFIX: Final = "554 5.4.7 message expired"
 
 COLUMNS: Final = (
     ("server", "string"),
@@ -197,21 +194,30 @@ def segment_rows(
             return
         except OSError as exc:
             raise SegmentUnreadable.from_os_error(path, exc) from None
-    frames = _frames(fs, source, start, stop)
-    framed = False  # whether the file was found and a frame of it read
+    # The record frames from ``start`` to ``stop`` (bodies stepped over, unread):
+    # ``LogCursor.segment_frames``, which reads the range at once and decides at its
+    # first bad frame as the spool's reader does.
+    cursor = _cursor(fs, source, start)
+    frames = cursor.segment_frames(stop)
+    framed = False  # whether the file was found and a record of it read
+    # Locals, not lookups: this loop is the analytics' decode, a pass a record.
+    record_map, decode = rec.record_map, rec.decode_stored
+    server, segment = source.server, source.segment
     try:
         for offset, ftype, payload in frames:
             framed = True
-            if ftype in (fmt.T_BODY, fmt.T_PAD):
-                continue  # a body stepped over, or padding
-            try:
-                record = rec.decode_stored(ftype, payload, path, offset)
-            except CorruptSpool as exc:
-                if on_damage != "skip":
-                    raise
-                yield _damage_row(source, exc)
-                return
-            yield from record_rows(source.server, Position(source.segment, offset), record)
+            obj = record_map(payload)
+            rows = None if obj is None else lean_rows(server, segment, offset, ftype, obj)
+            if rows is None:  # not as the spool writes it: the record codec decides
+                try:
+                    record = decode(ftype, payload, path, offset)
+                except CorruptSpool as exc:
+                    if on_damage != "skip":
+                        raise
+                    yield _damage_row(source, exc)
+                    return
+                rows = record_rows(server, segment, offset, record)
+            yield from rows
     except CorruptSpool as exc:
         if on_damage != "skip":
             raise
@@ -222,6 +228,7 @@ def segment_rows(
         raise SegmentUnreadable.from_os_error(path, exc) from None
     finally:
         frames.close()
+        cursor.close()
     if not framed and source.archive is not None and not fs.exists(path):
         # Retired between the look above and the open: nothing of it was read here.
         yield from _archived_rows(source, on_damage, start, stop, fs)
@@ -238,20 +245,6 @@ def _archived_rows(
         source.server, source.archive, source.segment, None, (source.segment + 1, 0)
     )
     yield from segment_rows(moved, on_damage=on_damage, start=start, stop=stop, fs=fs)
-
-
-def _frames(
-    fs: FileSystem, source: SegmentSource, start: int, stop: int
-) -> Generator[tuple[int, int, bytes], None, None]:
-    """(offset, type, payload) of the segment's frames from ``start`` to ``stop``, BODY
-    frames with an empty payload (not read): ``LogCursor.segment_frames``, which reads
-    the whole range at once and decides at its first bad frame as the spool's reader
-    does."""
-    cursor = _cursor(fs, source, start)
-    try:
-        yield from cursor.segment_frames(stop)
-    finally:
-        cursor.close()
 
 
 def readable_end(source: SegmentSource, start: int = 0, fs: FileSystem | None = None) -> int:
@@ -292,54 +285,54 @@ def _damage_row(source: SegmentSource, exc: CorruptSpool) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def record_rows(server: str, pos: Position, record: rec.Record) -> Iterator[tuple[Any, ...]]:
-    """The rows of one record (see ``COLUMNS``)."""
-    seg, off = pos
+def record_rows(server: str, seg: int, off: int, record: rec.Record) -> list[tuple[Any, ...]]:
+    """The rows of one record (see ``COLUMNS``) at byte ``off`` of segment ``seg`` (a
+    list: cheaper than a generator for the one row most records have)."""
+    if isinstance(record, rec.Delta):
+        kind = kind_of(record.status, record.reply)
+        status, reply, at, msg_id = record.status, record.reply, record.at, record.msg_id
+        return [
+            (
+                server, seg, off, at, msg_id, "delta", kind,
+                None, r, status, reply, None, None, None, None, None,
+            )
+            for r in record.recipients
+        ]  # fmt: skip
     if isinstance(record, rec.Envelope):
         kind = "requeued" if record.supersedes is not None else "accepted"
-        for r in record.recipients:
-            yield (
+        return [
+            (
                 server, seg, off, record.written_at, record.msg_id, "envelope", kind,
                 record.sender, r, None, record.last_reply, record.attempts, record.klass,
                 record.held, record.body.size, record.accepted_at,
-            )  # fmt: skip
-    elif isinstance(record, rec.Start):
-        yield (
+            )
+            for r in record.recipients
+        ]  # fmt: skip
+    if isinstance(record, rec.Start):
+        return [(
             server, seg, off, record.at, record.msg_id, "start", "started",
             None, None, None, None, None, record.klass, None, None, None,
-        )  # fmt: skip
-    elif isinstance(record, rec.Delta):
-        kind = _kind_of(record.status, record.reply)
-        for r in record.recipients:
-            yield (
-                server, seg, off, record.at, record.msg_id, "delta", kind,
-                None, r, record.status, record.reply, None, None, None, None, None,
-            )  # fmt: skip
-    elif isinstance(record, rec.Finish):
-        for o in record.outcomes:
-            yield (
-                server, seg, off, record.at, record.msg_id, "finish", "finished",
-                record.sender, o.recipient, _kind_of(o.status, o.reply), o.reply, None, None,
-                None, record.body.size, record.accepted_at,
-            )  # fmt: skip
+        )]  # fmt: skip
+    if isinstance(record, rec.Finish):
         if not record.outcomes:
             # A finish naming no recipient (recovery's, when damage took the one that
             # named them: docs/design.md, R5 and R6): one row, its reason in ``reply``, so
             # that the message is still seen to have left the queue.
-            yield (
+            return [(
                 server, seg, off, record.at, record.msg_id, "finish", "finished",
                 record.sender, None, None, record.reason or None, None, None,
                 None, record.body.size, record.accepted_at,
-            )  # fmt: skip
-    elif isinstance(record, rec.Control):
-        yield (
-            server, seg, off, record.at, record.target or None, "control", record.action,
-            None, None, None, record.why or None, None, None, None, None, None,
-        )  # fmt: skip
-
-
-def _kind_of(status: str, reply: str) -> str:
-    """A recipient's status as the analytics name it: ``expired`` is a failure for age."""
-    if status == rec.FAILED and reply.startswith(EXPIRED_PREFIX):
-        return "expired"
-    return status
+            )]  # fmt: skip
+        return [
+            (
+                server, seg, off, record.at, record.msg_id, "finish", "finished",
+                record.sender, o.recipient, kind_of(o.status, o.reply), o.reply, None, None,
+                None, record.body.size, record.accepted_at,
+            )
+            for o in record.outcomes
+        ]  # fmt: skip
+    assert isinstance(record, rec.Control), record
+    return [(
+        server, seg, off, record.at, record.target or None, "control", record.action,
+        None, None, None, record.why or None, None, None, None, None, None,
+    )]  # fmt: skip

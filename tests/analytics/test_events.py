@@ -232,7 +232,7 @@ def _rows_by_cursor(source: SegmentSource, on_damage: str) -> list[tuple[object,
             pos, frame = item
             if isinstance(frame, Frame) and frame.type not in (fmt.T_BODY, fmt.T_PAD):
                 record = rec.decode_stored(frame.type, frame.payload, path, pos.offset)
-                rows.extend(record_rows(source.server, pos, record))
+                rows.extend(record_rows(source.server, *pos, record))
     except CorruptSpool as exc:
         if on_damage != "skip":
             raise

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import operator
 import os
 import shutil
 import statistics
@@ -74,12 +75,10 @@ def _records(sources: list[str]) -> Any:
 def plain_pass(sources: list[str]) -> tuple[float, int, dict[str, int]]:
     started = time.perf_counter()
     kinds: collections.Counter[str] = collections.Counter()
-    rows = 0
+    kind = operator.itemgetter(6)
     for source in plan_segments(sources):
-        for row in segment_rows(source):
-            kinds[row[6]] += 1
-            rows += 1
-    return time.perf_counter() - started, rows, dict(kinds)
+        kinds.update(map(kind, segment_rows(source)))  # (a loop in C: the decode measured)
+    return time.perf_counter() - started, kinds.total(), dict(kinds)
 
 
 def spark_pass(spark: Any, sources: list[str]) -> tuple[float, int, dict[str, int]]:
