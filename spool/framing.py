@@ -13,7 +13,7 @@ time and cut them at every offset.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Final
 
 import attrs
@@ -129,19 +129,27 @@ def peek_header(
 
 
 def whole_frames(
-    buf: bytes, offset: int, salt: int, *, skip_bodies: bool = True, records_only: bool = False
-) -> Iterator[tuple[int, int, int, bytes]]:
-    """(offset, end, type, payload) of each frame of ``buf`` from ``offset`` on, as long
-    as each is whole and checked: for a reader that holds a whole segment in memory.
+    buf: bytes,
+    offset: int,
+    salt: int,
+    *,
+    base: int = 0,
+    skip_bodies: bool = True,
+    records_only: bool = False,
+) -> Generator[tuple[int, int, bytes], None, int]:
+    """(offset, type, payload) of each frame of ``buf`` from ``offset`` on, as long as
+    each is whole and checked, for a reader that holds a whole segment in memory; it
+    returns the end of the last whole, checked frame. Offsets given and returned are
+    ``base`` plus the offset in ``buf`` (``buf`` is the file from ``base`` on).
 
     It stops quietly at the first frame that is not (a bad type, an impossible length, a
     checksum mismatch, or a frame that runs past ``buf``): the caller then reads on from
-    the last ``end`` yielded with ``reader.LogCursor``, the one reader that decides
-    whether such bytes are a torn tail or damage. The checks are ``parse_frame``'s, in
-    one loop without a call or an object a frame. With ``skip_bodies`` a BODY frame's
-    checksum is not checked and its payload is given as ``b""``, as
-    ``LogCursor(skip_bodies=True)`` steps over one. With ``records_only`` BODY and PAD
-    frames are not given (still checked as without it), for a reader of records only.
+    the end returned with ``reader.LogCursor``, the one reader that decides whether such
+    bytes are a torn tail or damage. The checks are ``parse_frame``'s, in one loop without
+    a call or an object a frame. With ``skip_bodies`` a BODY frame's checksum is not
+    checked and its payload is given as ``b""``, as ``LogCursor(skip_bodies=True)`` steps
+    over one. With ``records_only`` BODY and PAD frames are not given (still checked as
+    without it, and counted in the end returned), for a reader of records only.
     """
     unpack = _HEADER.unpack_from
     types = fmt.FRAME_TYPES
@@ -154,17 +162,18 @@ def whole_frames(
         start = offset + _HEADER_SIZE
         end = start + length
         if ftype not in types or length > most or end > total:
-            return
+            break
         if ftype == body and skip_bodies:
             if not records_only:
-                yield offset, end, ftype, b""
+                yield base + offset, ftype, b""
         else:
             payload = buf[start:end]
             if crc32c(payload, crc32c(buf[offset + 4 : start], salt)) != crc:
-                return
+                break
             if not records_only or (ftype != body and ftype != pad):
-                yield offset, end, ftype, payload
+                yield base + offset, ftype, payload
         offset = end
+    return base + offset
 
 
 # Frames up to this size are searched for a single flipped bit (8 CRC steps a byte).

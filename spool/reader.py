@@ -345,9 +345,9 @@ class LogCursor:
         The bytes are read at once and their whole, checked frames taken in one loop
         (``framing.whole_frames``); from the first frame that is not, ``next`` reads on
         through the same descriptor and decides, as everywhere, whether that is a torn
-        tail (the end, quietly) or damage (``CorruptSpool``). The position is the end of
-        the last frame given once the whole frames are taken (or the caller stops), so
-        that ``next`` reads again any BODY or PAD frames stepped over after it."""
+        tail (the end, quietly) or damage (``CorruptSpool``). The position moves once the
+        whole frames are taken: to the end of the last of them (a caller that stops before
+        leaves it where it was)."""
         segment = self.position.segment
         limit = self._limit = Position(segment, stop)
         if self.position >= limit:
@@ -364,17 +364,12 @@ class LogCursor:
         if start < end_in_file:
             data = self._fs.pread(self._fd, end_in_file - start, start)
             self.bytes_read += len(data)
-            frames = whole_frames(
-                data, 0, self._salt, skip_bodies=self._skip_bodies, records_only=True
+            taken = yield from whole_frames(
+                data, 0, self._salt, base=start, skip_bodies=self._skip_bodies, records_only=True
             )
-            taken = 0  # the end of the last frame given, in ``data``
-            try:
-                for at, end, ftype, payload in frames:
-                    yield start + at, ftype, payload
-                    taken = end
-            finally:  # (once, not a position a frame: this loop is the analytics' decode)
-                if taken:
-                    self.position = Position(segment, start + taken)
+            # ``next`` goes on from the first frame that is not whole (not from the last
+            # record: its verdict, and the reason it gives, must be the reader's own).
+            self.position = Position(segment, taken)
         while (item := self.next(limit)) is not None:
             pos, frame = item
             if isinstance(frame, Frame) and frame.type not in (fmt.T_BODY, fmt.T_PAD):

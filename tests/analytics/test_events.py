@@ -26,9 +26,10 @@ from spool.analytics.events import (
     segment_rows,
 )
 from spool.errors import CorruptSpool, NotASpool, SegmentUnreadable
-from spool.framing import Frame
+from spool.framing import Frame, encode_frame
 from spool.fs import FileSystem
 from spool.records import Position
+from spool.segment_header import segment_header
 from spool.testing import FakeClock, deliver_all
 from spool.testing.doubles import FaultFS
 
@@ -365,3 +366,32 @@ def test_a_segment_retired_just_before_it_is_opened_is_read_from_the_archive(
 
     assert expected and list(segment_rows(source, fs=RetiredAtThatMoment())) == expected
     assert not path.exists()
+
+
+def test_a_range_ending_inside_a_frame_after_a_body_is_named_as_the_reader_names_it(
+    tmp_path: Path,
+) -> None:
+    """A review found it: the record frames were taken up to the last record, so the
+    reader read the body after it again and, its buffer then ending inside the next
+    frame, named that frame "truncated" where the reader alone says it "runs past the
+    durable end". The reader now goes on from the first frame that is not whole."""
+    salt, number = 0x1234, 5
+    envelope = rec.Envelope("6AE6B9F44CDD92C4", "a@b", ("x@y",), 1.0, 1.0, rec.BodyRef("inline", 9))
+    data = bytearray(segment_header(number, salt)) + encode_frame(*rec.encode(envelope), salt)
+    body_size = 256 * 1024 - 50 - fmt.FRAME_HEADER_SIZE - fmt.MSG_ID_LENGTH  # ends 50 bytes
+    data += encode_frame(fmt.T_BODY, rec.encode_body(envelope.msg_id, bytes(body_size)), salt)
+    delta_at = len(data)  # before the end of the reader's first chunk, crossing it
+    delta = rec.Delta(envelope.msg_id, "delivered", ("x@y",), "250 " + "o" * 200, 2.0)
+    data += encode_frame(*rec.encode(delta), salt)
+    (tmp_path / fmt.segment_name(number)).write_bytes(data)
+    source = SegmentSource("mx1", str(tmp_path), number, None, (number + 1, 0))
+    stop = delta_at + 100  # a range that ends inside the delta
+    cursor = _cursor(FileSystem(), source, 0)
+    with pytest.raises(CorruptSpool) as by_reader:
+        while cursor.next(Position(number, stop)) is not None:
+            pass
+    cursor.close()
+    with pytest.raises(CorruptSpool) as by_rows:
+        list(segment_rows(source, start=0, stop=stop))
+    assert (by_rows.value.offset, by_rows.value.reason) == (delta_at, by_reader.value.reason)
+    assert by_reader.value.reason == "frame runs past the durable end"

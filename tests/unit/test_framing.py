@@ -154,9 +154,10 @@ def test_scanner_read_in_any_chunks_and_stepping_over_bodies_sees_every_frame(
     st.lists(st.tuples(st.sampled_from(TYPES), st.binary(max_size=300)), max_size=8),
     st.integers(min_value=0, max_value=10_000),
     st.sampled_from(["flip", "cut", "none"]),
+    st.sampled_from([0, 32, 70_000]),
 )
 def test_whole_frames_yields_what_the_scanner_checks_and_stops_where_it_does(
-    parts: list[tuple[int, bytes]], at: int, change: str
+    parts: list[tuple[int, bytes]], at: int, change: str, base: int
 ) -> None:
     salt = 0x5EED
     stream = bytearray(b"".join(encode_frame(t, p, salt) for t, p in parts))
@@ -181,8 +182,17 @@ def test_whole_frames_yields_what_the_scanner_checks_and_stops_where_it_does(
         if not isinstance(frame, Frame):
             break
         expected.append((start, frame.size, frame.type, frame.payload))
-    got = [(at, end - at, t, payload) for at, end, t, payload in whole_frames(data, 0, salt)]
-    assert got == expected
-    records = whole_frames(data, 0, salt, records_only=True)
-    got = [(at, end - at, t, payload) for at, end, t, payload in records]
-    assert got == [e for e in expected if e[2] not in (fmt.T_BODY, fmt.T_PAD)]
+    stopped = expected[-1][0] + expected[-1][1] if expected else 0  # the last whole end
+    expected_frames = [(at, t, payload) for at, _size, t, payload in expected]
+    for records_only in (False, True):
+        frames = whole_frames(data, 0, salt, base=base, records_only=records_only)
+        got = []
+        while True:
+            try:
+                at, t, payload = next(frames)
+            except StopIteration as end:
+                assert end.value == base + stopped  # the end of the last whole frame
+                break
+            got.append((at - base, t, payload))
+        skipped = (fmt.T_BODY, fmt.T_PAD) if records_only else ()
+        assert got == [f for f in expected_frames if f[1] not in skipped]
