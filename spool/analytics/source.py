@@ -17,6 +17,7 @@ segment (log positions), so a query restarted from a checkpoint reads on where i
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -140,18 +141,14 @@ class SpoolReader(DataSourceReader):
 
 
 def arrow_batches(partition: SegmentPartition, on_damage: str) -> Iterator[pa.RecordBatch]:
-    """The rows of one partition in Arrow batches of ``BATCH_ROWS``."""
-    rows: list[tuple[Any, ...]] = []
-    for source in partition.sources:
-        for row in segment_rows(
-            source, on_damage=on_damage, start=partition.start, stop=partition.stop
-        ):
-            rows.append(row)
-            if len(rows) == BATCH_ROWS:
-                yield _batch(rows)
-                rows = []
-    if rows:
-        yield _batch(rows)
+    """The rows of one partition in Arrow batches of ``BATCH_ROWS`` (a batch may hold
+    the rows of several segments)."""
+    rows = itertools.chain.from_iterable(
+        segment_rows(source, on_damage=on_damage, start=partition.start, stop=partition.stop)
+        for source in partition.sources
+    )
+    while batch := list(itertools.islice(rows, BATCH_ROWS)):  # (taken in C, not a row each)
+        yield _batch(batch)
 
 
 def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
