@@ -33,6 +33,7 @@ _STATUSES: Final = rec.STATUSES
 _FINAL_STATUSES: Final = rec.FINAL_STATUSES
 _BODY_KINDS: Final = (rec.BODY_INLINE, rec.BODY_FILE)
 _FAILED: Final = rec.FAILED
+_DELTA, _START, _ENVELOPE, _FINISH = fmt.T_DELTA, fmt.T_START, fmt.T_ENVELOPE, fmt.T_FINISH
 
 Row = tuple[Any, ...]
 
@@ -49,7 +50,7 @@ def lean_rows(server: str, seg: int, off: int, ftype: int, obj: dict[str, Any]) 
     of segment ``seg``, as ``events.record_rows`` gives them for the codec's record; None
     unless every field has exactly the type the spool writes (then the codec decides)."""
     get = obj.get
-    if ftype == fmt.T_DELTA:
+    if ftype == _DELTA:  # (the most frequent first)
         msg_id, status, to, reply, at = get("id"), get("st"), get("to"), get("reply"), get("ts")
         if not (
             type(msg_id) is str
@@ -68,7 +69,7 @@ def lean_rows(server: str, seg: int, off: int, ftype: int, obj: dict[str, Any]) 
             )
             for r in to
         ]  # fmt: skip
-    if ftype == fmt.T_START:
+    if ftype == _START:
         msg_id, envelope_at, klass, at = get("id"), get("env"), get("cls"), get("ts")
         if not (
             type(msg_id) is str
@@ -82,9 +83,9 @@ def lean_rows(server: str, seg: int, off: int, ftype: int, obj: dict[str, Any]) 
             server, seg, off, at, msg_id, "start", "started",
             None, None, None, None, None, klass, None, None, None,
         )]  # fmt: skip
-    if ftype == fmt.T_ENVELOPE:
+    if ftype == _ENVELOPE:
         return _envelope_rows(server, seg, off, obj)
-    if ftype == fmt.T_FINISH:
+    if ftype == _FINISH:
         return _finish_rows(server, seg, off, obj)
     return None  # a control record (or no record at all): the codec decides
 

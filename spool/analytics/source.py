@@ -35,15 +35,16 @@ from pyspark.sql.types import StructType
 
 from spool import format as fmt
 from spool.analytics.events import (
+    BATCH_ROWS,
     COLUMNS,
     SCHEMA,
     SegmentSource,
+    collector_paused,
     plan_segments,
     readable_end,
     segment_rows,
 )
 
-BATCH_ROWS = 8192
 _ARROW_TYPES = {
     "string": pa.string(),
     "long": pa.int64(),
@@ -147,8 +148,13 @@ def arrow_batches(partition: SegmentPartition, on_damage: str) -> Iterator[pa.Re
         segment_rows(source, on_damage=on_damage, start=partition.start, stop=partition.stop)
         for source in partition.sources
     )
-    while batch := list(itertools.islice(rows, BATCH_ROWS)):  # (taken in C, not a row each)
-        yield _batch(batch)
+    while True:
+        with collector_paused():  # (a batch's rows, then its Arrow arrays: no cycles)
+            rows_taken = list(itertools.islice(rows, BATCH_ROWS))
+            batch = _batch(rows_taken) if rows_taken else None
+        if batch is None:
+            return
+        yield batch
 
 
 def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
