@@ -6,6 +6,7 @@ import collections
 import errno
 import gc
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from spool.analytics.events import (
 from spool.errors import CorruptSpool, NotASpool, SegmentUnreadable
 from spool.framing import Frame, encode_frame
 from spool.fs import FileSystem
+from spool.reader import LogCursor
 from spool.records import Position
 from spool.segment_header import segment_header
 from spool.testing import FakeClock, deliver_all
@@ -412,3 +414,81 @@ def test_the_collector_is_paused_for_a_batch_and_left_as_it_was(enabled: bool) -
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def _reader_alone(cursor: LogCursor, stop: int) -> list[object]:
+    segment = cursor.position.segment
+    got: list[object] = []
+    try:
+        while (item := cursor.next(Position(segment, stop))) is not None:
+            pos, frame = item
+            if isinstance(frame, Frame) and frame.type not in (fmt.T_BODY, fmt.T_PAD):
+                got.append((pos.offset, frame.type, frame.payload))
+        got.append(("end", cursor.torn))
+    except CorruptSpool as exc:
+        got.append(("damage", exc.offset, exc.reason))
+    return got
+
+
+def _whole_segment(cursor: LogCursor, stop: int) -> list[object]:
+    got: list[object] = []
+    try:
+        got.extend(cursor.segment_frames(stop))
+        got.append(("end", cursor.torn))
+    except CorruptSpool as exc:
+        got.append(("damage", exc.offset, exc.reason))
+    return got
+
+
+def test_segment_frames_give_what_the_reader_alone_gives_for_any_bytes_and_range(
+    tmp_path: Path,
+) -> None:
+    """Records, bodies and padding; flipped bits, cuts, a zeroed sector, garbage after;
+    any start, stop, newest segment and durable end: the record frames, the torn tail
+    and the damage (its offset and reason) are the reader's own."""
+    rng = random.Random(43)
+    for case in range(300):
+        directory = tmp_path / str(case)
+        directory.mkdir()
+        salt, number = rng.getrandbits(32) | 1, rng.randint(1, 9)
+        data = bytearray(segment_header(number, salt))
+        for _ in range(rng.randint(0, 20)):
+            kind = rng.random()
+            if kind < 0.6:
+                reply = "250 " + "o" * rng.randrange(300)
+                delta = rec.Delta(f"{rng.getrandbits(64):016X}", "delivered", ("x@y",), reply, 2.0)
+                data += encode_frame(*rec.encode(delta), salt)
+            elif kind < 0.85:
+                size = rng.choice([10, 100, 5000, 262_000])
+                data += encode_frame(fmt.T_BODY, rec.encode_body("0" * 16, bytes(size)), salt)
+            else:
+                data += encode_frame(fmt.T_PAD, bytes(rng.choice([0, 7, 16, 4000])), salt)
+        change = rng.random()
+        if change < 0.3 and len(data) > 32:
+            for _ in range(rng.randint(1, 3)):
+                data[rng.randrange(32, len(data))] ^= 1 << rng.randrange(8)
+        elif change < 0.5:
+            del data[rng.randrange(32, len(data) + 1) :]
+        elif change < 0.6 and len(data) > 600:
+            at = rng.randrange(32, len(data) - 512)
+            data[at : at + 512] = bytes(512)
+        elif change < 0.7:
+            data += bytes(rng.randrange(1, 600))
+        (directory / fmt.segment_name(number)).write_bytes(data)
+        start = rng.choice([0, fmt.SEGMENT_HEADER_SIZE])
+        stop = rng.choice([len(data), len(data) + 100, rng.randrange(0, len(data) + 1)])
+        newest = rng.choice([None, number, number + 1])
+        durable = rng.choice(
+            [None, Position(number + 1, 0), Position(number, rng.randrange(0, len(data) + 1))]
+        )
+        results = []
+        for read in (_reader_alone, _whole_segment):
+            cursor = LogCursor(
+                FileSystem(), str(directory), Position(number, start),
+                durable_end=durable, newest_segment=newest, skip_bodies=True,
+            )  # fmt: skip
+            try:
+                results.append(read(cursor, stop))
+            finally:
+                cursor.close()
+        assert results[0] == results[1], (case, start, stop, newest, durable)
