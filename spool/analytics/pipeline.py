@@ -14,6 +14,7 @@ the plots and the page. ``OUT`` is replaced as a whole: a report never mixes two
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -78,9 +79,7 @@ def run_report(
         shutil.rmtree(staging, ignore_errors=True)  # a failed run leaves the previous report
         raise
     finally:
-        events.unpersist()
-        recipients.unpersist()
-        raw.unpersist()
+        _release(events, recipients, raw)
     # The previous report steps aside before the new one takes its name and is removed
     # after: a crash in between leaves one of them whole at OUT or beside it, never neither
     # (and OUT.partial, a run cut short, is removed by the next run).
@@ -124,6 +123,15 @@ def _write_all(
     with open(os.path.join(staging, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     return summary
+
+
+def _release(*cached: DataFrame) -> None:
+    """Drop the cached tables. After Ctrl-C the gateway may no longer answer (the call it
+    was in was cut off): that error must not stand in for the interrupt, and the cache
+    goes with the session anyway."""
+    for df in cached:
+        with contextlib.suppress(Exception):
+            df.unpersist()
 
 
 REPORT_ENTRIES = frozenset({"index.html", "summary.json", "plots", "reports", "tables"})
