@@ -135,21 +135,19 @@ def whole_frames(
     *,
     base: int = 0,
     skip_bodies: bool = True,
-    records_only: bool = False,
 ) -> Generator[tuple[int, int, bytes], None, int]:
-    """(offset, type, payload) of each frame of ``buf`` from ``offset`` on, as long as
-    each is whole and checked, for a reader that holds a whole segment in memory; it
-    returns the end of the last whole, checked frame. Offsets given and returned are
-    ``base`` plus the offset in ``buf`` (``buf`` is the file from ``base`` on).
+    """(offset, type, payload) of each record frame of ``buf`` from ``offset`` on, as long
+    as each frame is whole and checked, for a reader of records that holds a whole segment
+    in memory; it returns the end of the last whole, checked frame (BODY and PAD frames
+    are checked and counted, not given). Offsets given and returned are ``base`` plus the
+    offset in ``buf`` (``buf`` is the file from ``base`` on).
 
     It stops quietly at the first frame that is not (a bad type, an impossible length, a
     checksum mismatch, or a frame that runs past ``buf``): the caller then reads on from
     the end returned with ``reader.LogCursor``, the one reader that decides whether such
     bytes are a torn tail or damage. The checks are ``parse_frame``'s, in one loop without
     a call or an object a frame. With ``skip_bodies`` a BODY frame's checksum is not
-    checked and its payload is given as ``b""``, as ``LogCursor(skip_bodies=True)`` steps
-    over one. With ``records_only`` BODY and PAD frames are not given (still checked as
-    without it, and counted in the end returned), for a reader of records only.
+    checked, as ``LogCursor(skip_bodies=True)`` steps over one.
     """
     unpack = _HEADER.unpack_from
     types = fmt.FRAME_TYPES
@@ -163,14 +161,11 @@ def whole_frames(
         end = start + length
         if ftype not in types or length > most or end > total:
             break
-        if ftype == body and skip_bodies:
-            if not records_only:
-                yield base + offset, ftype, b""
-        else:
+        if ftype != body or not skip_bodies:
             payload = buf[start:end]
             if crc32c(payload, crc32c(buf[offset + 4 : start], salt)) != crc:
                 break
-            if not records_only or (ftype != body and ftype != pad):
+            if ftype != body and ftype != pad:
                 yield base + offset, ftype, payload
         offset = end
     return base + offset

@@ -365,7 +365,7 @@ class LogCursor:
             data = self._fs.pread(self._fd, end_in_file - start, start)
             self.bytes_read += len(data)
             taken = yield from whole_frames(
-                data, 0, self._salt, base=start, skip_bodies=self._skip_bodies, records_only=True
+                data, 0, self._salt, base=start, skip_bodies=self._skip_bodies
             )
             # ``next`` goes on from the first frame that is not whole (not from the last
             # record: its verdict, and the reason it gives, must be the reader's own).

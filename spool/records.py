@@ -331,10 +331,9 @@ def record_map(payload: bytes) -> dict[str, Any] | None:
     says why): for a reader that builds what it needs from the map itself where every
     field is as the spool writes it (the analytics, ``analytics/lean_rows.py``)."""
     try:
-        obj = cbor2.loads(payload)
-    except Exception:  # cbor2 raises several types for malformed input
+        return _map(payload)
+    except RecordError:
         return None
-    return obj if type(obj) is dict else None
 
 
 def decode(ftype: int, payload: bytes) -> Record:

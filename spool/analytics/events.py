@@ -23,8 +23,6 @@ Reads only; takes no lock, so it runs beside a running owner.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 from collections.abc import Iterator
 from typing import Any, Final
@@ -60,7 +58,6 @@ COLUMNS: Final = (
     ("accepted_at", "double"),
 )
 SCHEMA: Final = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
-BATCH_ROWS: Final = 8192  # rows a batch (``row_batches``: the data source's Arrow batches)
 
 
 @attrs.frozen
@@ -339,20 +336,3 @@ def record_rows(server: str, seg: int, off: int, record: rec.Record) -> list[tup
         server, seg, off, record.at, record.target or None, "control", record.action,
         None, None, None, record.why or None, None, None, None, None, None,
     )]  # fmt: skip
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused for the ``with`` block, then left as it was
-    found (a caller that had paused it keeps it paused). For taking a batch of rows and
-    making its Arrow batch: rows are tuples of text and numbers and none of it makes
-    cycles, but a collector that runs every 700 new objects while a batch holds thousands
-    cost a tenth of the data source's time (docs/performance.md). Never held while the
-    caller has the batch."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()

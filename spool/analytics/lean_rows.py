@@ -129,7 +129,7 @@ def _envelope_rows(server: str, seg: int, off: int, obj: dict[str, Any]) -> list
 def _finish_rows(server: str, seg: int, off: int, obj: dict[str, Any]) -> list[Row] | None:
     get = obj.get
     msg_id, at, outcomes = get("id"), get("ts"), get("out")
-    reason, sender, accepted_at = obj.get("why", ""), get("from"), get("acc")
+    reason, sender, accepted_at = get("why", ""), get("from"), get("acc")
     size = _body_size(get("body"))
     if not (
         type(msg_id) is str

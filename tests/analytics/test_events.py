@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import gc
 import os
 import random
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from spool.analytics.events import (
     SegmentSource,
     _cursor,
     _damage_row,
-    collector_paused,
     parse_source,
     plan_segments,
     readable_end,
@@ -399,21 +397,6 @@ def test_a_range_ending_inside_a_frame_after_a_body_is_named_as_the_reader_names
         list(segment_rows(source, start=0, stop=stop))
     assert (by_rows.value.offset, by_rows.value.reason) == (delta_at, by_reader.value.reason)
     assert by_reader.value.reason == "frame runs past the durable end"
-
-
-@pytest.mark.parametrize("enabled", [True, False])
-def test_the_collector_is_paused_for_a_batch_and_left_as_it_was(enabled: bool) -> None:
-    was = gc.isenabled()
-    try:
-        (gc.enable if enabled else gc.disable)()
-        with collector_paused():
-            assert not gc.isenabled()
-        assert gc.isenabled() is enabled
-        with pytest.raises(ZeroDivisionError), collector_paused():
-            1 / 0  # noqa: B018
-        assert gc.isenabled() is enabled
-    finally:
-        (gc.enable if was else gc.disable)()
 
 
 def _reader_alone(cursor: LogCursor, stop: int) -> list[object]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from spool import Spool
 from spool.analytics.events import plan_segments, segment_rows
-from spool.analytics.source import PARTITION_BYTES, SpoolStreamReader, pack
+from spool.analytics.source import PARTITION_BYTES, SpoolStreamReader, collector_paused, pack
 from spool.testing import FakeClock, deliver_all
 
 
@@ -103,3 +106,18 @@ def test_the_stream_reader_keeps_complete_segments_and_follows_a_rollover(tmp_pa
     assert sorted(read) == sorted(accepted)
     newest = max(offsets, key=lambda k: int(k.split("|")[1]))
     assert set(reader._final) == set(offsets) - {newest}
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_for_a_batch_and_left_as_it_was(enabled: bool) -> None:
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
+        with pytest.raises(ZeroDivisionError), collector_paused():
+            1 / 0  # noqa: B018
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
