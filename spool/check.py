@@ -812,9 +812,9 @@ def _report_scan(scan: SegmentScan, path: str, problems: list[Problem], notes: l
             if region.start == 0 and scan.salt is None:
                 what = f"{region.reason}; the whole segment ({region.end} bytes) is unreadable"
             problems.append(Problem(ProblemKind.DAMAGE, path, region.start, what))
-    if scan.torn_at is not None:
+    if scan.torn_at is not None and scan.torn_written:  # zeros alone: nothing was torn
         notes.append(
-            f"{path}: torn tail of {scan.size - scan.torn_at} bytes at offset {scan.torn_at} "
+            f"{path}: torn tail of {scan.torn_written} bytes at offset {scan.torn_at} "
             "(an interrupted last write; the next open cuts it)"
         )
     _check_pairs(scan, path, problems)

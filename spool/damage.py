@@ -136,6 +136,9 @@ class SegmentScan:
     # Frames with one flipped bit, set right: (offset, corrected frame, what it is). They
     # appear in ``items`` as the frames they were; a repair writes them back.
     corrections: tuple[tuple[int, bytes, str], ...] = ()
+    # Of the torn tail, the bytes up to its last that is not zero: zeros after them are
+    # space never written, or written ahead of the log (writer invariant W6).
+    torn_written: int = 0
 
     @property
     def regions(self) -> list[Region]:
@@ -162,7 +165,8 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
     """
     problem = check_segment_header(data, number, "")
     if problem is not None and newest and durable_end == 0 and header_blank(data[: fmt.SECTOR]):
-        return SegmentScan(number, None, problem, (), 0, problem, len(data))
+        written = len(data.rstrip(b"\0"))
+        return SegmentScan(number, None, problem, (), 0, problem, len(data), (), written)
     salt = None if _names_another_segment(data, number) else _salt_of(data, problem, number)
     if salt is None:
         whole = Region(number, 0, len(data), RegionKind.RECORDS, f"segment header: {problem}")
@@ -189,8 +193,17 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
         reason = getattr(result, "reason", "truncated frame")
         first = pos - pos % fmt.SECTOR
         if newest and pos >= durable_end and looks_torn(data[first:], first, pos, salt):
+            written = len(data[pos:].rstrip(b"\0"))
             return SegmentScan(
-                number, salt, problem, tuple(items), pos, reason, len(data), tuple(corrections)
+                number,
+                salt,
+                problem,
+                tuple(items),
+                pos,
+                reason,
+                len(data),
+                tuple(corrections),
+                written,
             )
         vouched = body_end if body_end is not None and body_end[1] > pos else None
         pad_end = None

@@ -247,6 +247,12 @@ class Scanner:
         else:
             self._buf, self._base, self._pos = b"", offset, 0
 
+    def forget_from(self, offset: int) -> None:
+        """Drop the bytes fed from ``offset`` on (the next ``feed`` brings them again)."""
+        if offset < self.end:
+            keep = max(offset - self._base, self._pos)
+            self._buf = self._buf[:keep]
+
     def peek(self) -> tuple[int, int] | BadFrame | _NeedData:
         """(type, total size) of the next frame from its header, CRC not checked (see
         ``peek_header``): to step over a frame whose payload is not needed."""

@@ -186,6 +186,7 @@ def _recover_and_start(
         segment_size=options.segment_size,
         sync_every=options.sync_every,
         sync_interval=options.sync_interval,
+        write_ahead=options.write_ahead,
         on_durable=scheduler.on_durable,
     )
     started.append(state.writer)

@@ -40,6 +40,7 @@ from spool.errors import CorruptSpool, SpoolMisuse
 from spool.fs import FileSystem
 from spool.metafile import decode_metafile, read_metafile, replace_metafile
 from spool.positions import load_positions
+from spool.writer import DEFAULT_WRITE_AHEAD
 
 MINUTE: Final = 60.0
 HOUR: Final = 3600.0
@@ -63,6 +64,8 @@ DEFAULT_SYNC_EVERY: Final = 1000
 DEFAULT_SYNC_INTERVAL: Final = 1.0
 DEFAULT_CHECKPOINT_INTERVAL: Final = 30.0
 DEFAULT_CHECKPOINT_EVERY: Final = 100_000
+# The zeros written ahead of the log (writer invariant W6) are ``writer.DEFAULT_WRITE_AHEAD``.
+WRITE_AHEAD_MAX: Final = 1 << 30
 
 # A BODY frame holds the message id and the data: the largest body that fits one frame.
 INLINE_BODY_LIMIT: Final = fmt.FRAME_PAYLOAD_MAX - fmt.MSG_ID_LENGTH
@@ -215,6 +218,11 @@ class SpoolOptions:
     # How long one attempt may stay open: past it the spool closes it as deferred, so a
     # worker that hangs cannot pin the log (docs/design.md, "Attempt leases").
     attempt_timeout: float = attrs.field(default=DEFAULT_ATTEMPT_TIMEOUT, validator=_seconds)
+    # 0 turns it off: on a copy-on-write file system (btrfs, ZFS) an overwrite is no cheaper
+    # than an append, and the zeros would be written for nothing.
+    write_ahead: int = attrs.field(
+        default=DEFAULT_WRITE_AHEAD, validator=_whole(0, WRITE_AHEAD_MAX)
+    )
 
     # --- the retry policy ------------------------------------------------------------
 
@@ -266,6 +274,7 @@ TUNING: Final = (
     "checkpoint_interval",
     "checkpoint_every",
     "attempt_timeout",
+    "write_ahead",
 )
 OPTION_NAMES: Final = SETTINGS + TUNING
 assert set(OPTION_NAMES) == {a.name for a in attrs.fields(SpoolOptions)}

@@ -60,10 +60,10 @@ def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:
 
     ``data`` holds the segment from ``first`` (the sector boundary at or before
     ``offset``) to its end. Under the fault model a torn write leaves whole sectors
-    unwritten: zeros in a freshly appended file, or a file that ends before the write
-    did. So the bad frame is torn only if one of the sectors it covers is all zeros (from
-    the frame on) or the file ends inside it; a frame every sector of which is there was
-    damaged, not torn.
+    unwritten: zeros in a freshly appended file or over the zeros the writer wrote ahead
+    (writer invariant W6), or a file that ends before the write did. So the bad frame is
+    torn only if one of the sectors it covers is all zeros (from the frame on) or the file
+    ends inside it; a frame every sector of which is there was damaged, not torn.
     And batches start at sector boundaries, so it is damage too if a valid frame starts at
     a later sector boundary with no all-zero sector between the damage and it (etcd's
     ``isTornEntry`` reasons the same way). Frames are salted, so message data cannot pose
@@ -308,6 +308,9 @@ class LogCursor:
                 torn = self._looks_torn(at.offset, file_size)
             if torn:
                 self.torn = TornTail(at, file_size, reason)
+                # The tail may be zeros written ahead or a batch still being written
+                # (writer invariants W6, W1): a later read must see what is there then.
+                self._scanner.forget_from(at.offset)
                 raise _Stop
             reason += (
                 "; valid frames follow it, or every sector of the frame is on disk, "
@@ -329,11 +332,18 @@ class LogCursor:
         data = self._fs.pread(self._fd, file_size - first, first)
         return looks_torn(data, first, offset, self._salt)
 
-    def _read_more(self, need: int) -> None:
+    def _read_more(self, need: int, end_in_file: int) -> None:
         """Feed the scanner at least ``need`` more bytes of the open segment (fewer only
-        at the end of the file), in chunks of ``chunk_size``."""
+        at the end of the file), in chunks of ``chunk_size``, never past ``end_in_file``.
+
+        Bytes past the end the cursor may read (the writer's durable end, for a runner)
+        are never buffered: they may be zeros written ahead (writer invariant W6), or a
+        batch being written, that the next batch or the rest of the write replaces; the
+        cursor reads them when its limit reaches them."""
         assert self._fd is not None
-        data = self._fs.pread(self._fd, max(self._chunk, need), self._scanner.end)
+        start = self._scanner.end
+        size = min(max(self._chunk, need), end_in_file - start)
+        data = self._fs.pread(self._fd, size, start) if size > 0 else b""
         self._scanner.feed(data)
         self.bytes_read += len(data)
 
@@ -419,7 +429,7 @@ class LogCursor:
             if self._skip_bodies:
                 head = scanner.peek()
                 if head is NEED_DATA:
-                    self._read_more(fmt.FRAME_HEADER_SIZE)
+                    self._read_more(fmt.FRAME_HEADER_SIZE, end_in_file)
                     head = scanner.peek()
                 if isinstance(head, tuple) and head[0] == fmt.T_BODY:
                     if pos.offset + head[1] > end_in_file:
@@ -437,7 +447,7 @@ class LogCursor:
                 if need > available:
                     self._bad(pos, f"truncated frame ({available} of {need} bytes)", end_in_file)
                 before = scanner.end
-                self._read_more(pos.offset + need - before)
+                self._read_more(pos.offset + need - before, end_in_file)
                 if scanner.end == before:
                     raise AssertionError(f"{self.path(pos.segment)} read nothing at {before}")
                 result = scanner.next()

@@ -135,7 +135,7 @@ class RecoveryReport:
     replacements_written: int
     finishes_written: int
     held_for_crash_loop: int
-    torn_bytes_cut: int
+    torn_bytes_cut: int  # written bytes of the tail cut (not the zeros after them, W6)
     torn_at: Position | None
     segments: int
     seconds: float
@@ -329,6 +329,7 @@ def recover(
     finally:
         cursor.close()
     torn = _unpaired_envelope(cursor, awaiting, consistent, segments[-1])
+    torn_bytes = _torn_bytes(fs, log_dir, torn.at) if torn is not None else 0
     if torn is not None and not dry_run:
         _cut_torn_tail(fs, root, log_dir, torn.at)
     if not dry_run:
@@ -355,7 +356,7 @@ def recover(
         replacements_written=sum(isinstance(r, rec.Envelope) for r in to_write),
         finishes_written=sum(isinstance(r, rec.Finish) for r in to_write),
         held_for_crash_loop=held,
-        torn_bytes_cut=torn.bytes if torn else 0,
+        torn_bytes_cut=torn_bytes,
         torn_at=torn.at if torn else None,
         segments=len(segments),
         seconds=time.monotonic() - started,
@@ -938,9 +939,19 @@ def _cut_torn_tail(fs: FileSystem, root: str, log_dir: str, at: Position) -> Non
         fs.close(fd)
 
 
+def _torn_bytes(fs: FileSystem, log_dir: str, at: Position) -> int:
+    """The bytes of the torn tail at ``at`` that were written: up to its last byte that is
+    not zero. Zeros after it are space never written, or written ahead (writer W6)."""
+    path = os.path.join(log_dir, fmt.segment_name(at.segment))
+    try:
+        return len(read_file(fs, path, at.offset).rstrip(b"\0"))
+    except FileNotFoundError:
+        return 0  # a newest segment already removed (its header torn)
+
+
 def _quarantine_tail(fs: FileSystem, root: str, path: str, at: Position) -> None:
-    tail = read_file(fs, path, at.offset)
-    if not tail.strip(b"\0"):
+    tail = read_file(fs, path, at.offset).rstrip(b"\0")  # zeros ahead are not the tear
+    if not tail:
         return
     corrupt = os.path.join(root, fmt.CORRUPT_DIR)
     if not fs.is_dir(corrupt):

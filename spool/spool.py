@@ -67,6 +67,7 @@ from spool.queue_view import QueueEntry, history
 from spool.records import Position
 from spool.recovery import RecoveryReport
 from spool.statistics import SpoolStatistics, collect_statistics
+from spool.writer import DEFAULT_WRITE_AHEAD
 
 __all__ = [
     "BOUNCED_REPLY",
@@ -110,6 +111,7 @@ class Spool:
         checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+        write_ahead: int = DEFAULT_WRITE_AHEAD,
         clock: Clock | Callable[[], float] | None = None,
         fs: FileSystem | None = None,
     ) -> Spool:

@@ -22,7 +22,17 @@ Crash safety (the invariants are numbered in docs/design.md):
          one, so no write touches a sector an earlier fsync made durable.
     (W3) A new segment file is created only after every earlier segment is fully
          fdatasynced, so a torn frame can only be in the newest segment.
-    (W4) Frames are never rewritten; the file only grows.
+    (W4) Frames are never rewritten; the file only grows, but for (W6).
+    (W6) Zeros written ahead: a batch that reaches past what its segment already holds
+         writes ``write_ahead`` bytes of zeros after itself (never past ``segment_size``)
+         in the same ``pwrite``, covered by the same ``fdatasync``. The batches after it
+         overwrite those zeros instead of growing the file, so their ``fdatasync`` has no
+         new size or extents to commit to the file system's journal (an append's
+         ``fdatasync`` must; that is most of the gap between appending and overwriting,
+         docs/performance.md). Zeros after the log's end read as a torn tail (sectors
+         never written are zeros), which is what recovery already cuts; a clean close
+         cuts them itself. Only the newest segment can end in them: a segment rolls over
+         only once its frames reach ``segment_size``, past the last zero written ahead.
 
 Errors:
     Any OSError from write or fsync puts the writer in a sticky failed state: the waiting
@@ -50,6 +60,10 @@ from spool.records import Position
 from spool.segment_header import new_salt, segment_header
 
 Part = tuple[int, bytes]  # (frame type, payload): one record or BODY frame to append
+
+# Zeros written past a batch that reaches beyond what its segment holds (W6): one file-size
+# change, and one journal commit, per this much log. The ``write_ahead`` option's default.
+DEFAULT_WRITE_AHEAD = 1 << 20
 
 
 @attrs.define
@@ -94,6 +108,7 @@ class LogWriter:
         segment_size: int,
         sync_every: int = 1000,
         sync_interval: float = 1.0,
+        write_ahead: int = DEFAULT_WRITE_AHEAD,
         on_durable: Callable[[Position], None] | None = None,
     ) -> None:
         assert first_segment >= 1 and segment_size > fmt.SEGMENT_HEADER_SIZE
@@ -102,6 +117,7 @@ class LogWriter:
         self._segment_size = segment_size
         self._sync_every = sync_every
         self._sync_interval = sync_interval
+        self._write_ahead = write_ahead
         self._on_durable = on_durable
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -116,6 +132,7 @@ class LogWriter:
         self._durable = Position(first_segment, 0)
         self._fd: int | None = None
         self._fd_segment = 0
+        self._written_to = 0  # how far the current segment holds frames or zeros (W6)
         self._flushing = False
         self._failed: SpoolFailed | None = None
         self._closed = False
@@ -258,6 +275,7 @@ class LogWriter:
             self._end_futures_locked()
         self._flusher.join()
         if self._fd is not None:
+            self._cut_zeros_ahead()
             self._fs.close(self._fd)
             self._fd = None
 
@@ -380,10 +398,20 @@ class LogWriter:
             if self._fd is not None:
                 self._fs.close(self._fd)
             self._fd, self._fd_segment = fd, chunk.segment
+            self._written_to = 0
             self._created += 1
         assert self._fd is not None
+        size = len(data)
+        end = chunk.offset + size
+        if end > self._written_to:
+            ahead = min(end + self._write_ahead, self._segment_size)  # (W6)
+            if ahead > end:
+                data += bytes(ahead - end)
+            self._written_to = max(end, ahead)
         # A crash during this write leaves a torn tail in the newest segment (W3), cut off
-        # by recovery; nobody waiting on it has been told it is durable (W1).
+        # by recovery; nobody waiting on it has been told it is durable (W1). Where it
+        # overwrites zeros written ahead (W6), a sector it did not reach still holds zeros,
+        # as an appended sector that never reached the disk would: the same torn tail.
         self._fs.pwrite(self._fd, data, chunk.offset)
         started = time.perf_counter()
         self._fs.fdatasync(self._fd)
@@ -395,7 +423,26 @@ class LogWriter:
             # which loses only unacknowledged frames.
             self._fs.fsync_dir(self._dir)
             self._fsyncs += 1
-        return len(data)
+        return size
+
+    def _cut_zeros_ahead(self) -> None:
+        """At close, cut the zeros written ahead (W6) so that a closed log ends where its
+        frames do, and the next open finds no tail to cut (a quiet reopen writes nothing).
+
+        A crash before the ``fdatasync`` leaves the zeros, or some of them: the next
+        recovery reads them as a torn tail and cuts them. A failure here changes nothing
+        acknowledged, so it is left to that recovery too."""
+        assert self._fd is not None
+        end = self._tail
+        if self._failed is not None or end.segment != self._fd_segment:
+            return
+        if self._written_to <= end.offset:
+            return
+        with contextlib.suppress(OSError):
+            self._fs.ftruncate(self._fd, end.offset)
+            self._fs.fdatasync(self._fd)
+            self._fsyncs += 1
+            self._written_to = end.offset
 
     def _flush_loop(self) -> None:
         """Background flusher: writes queued non-durable frames every N frames or T s, and

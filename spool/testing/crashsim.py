@@ -20,7 +20,9 @@ it; nothing here knows the spool.
 
 What it does not generate (known limits): a file whose size reached the disk while the
 data of its last write did not (the "zero-filled tail" of some file systems; the reader
-treats zero sectors as a tear, so the outcome would match a lost write); bytes that a
+treats zero sectors as a tear, so the outcome would match a lost write; the zeros the log
+writer writes ahead, which are synced before any frame overwrites them, give such states
+in any case); bytes that a
 *failed* write left behind (operations that raise are not recorded); files made outside
 the seam (``os.makedirs`` of a missing parent or of ``archive_dir``). A rename between two
 directories counts as durable once either directory is fsynced, as on journaling file

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tools.bench.relay import POSTFIX, Trial, render
-from tools.bench.report import replace_generated
+from tools.bench.report import replace_generated, summarize, throughput_table
 
 ARGS = Namespace(repeats=1, messages=1000, size=4096, max_use=1000)
 
@@ -50,3 +50,20 @@ def test_a_generated_block_is_replaced_between_its_markers_only(tmp_path: Path) 
     with pytest.raises(SystemExit, match="not found; not updated"):
         replace_generated(str(doc), "<!-- x:begin -->", "<!-- x:end -->", "new table")
     assert doc.read_text() == "no markers\n"
+
+
+def test_the_throughput_table_gives_each_systems_cpu_a_message() -> None:
+    def run(system: str, messages: int, cpu: float | None) -> dict[str, object]:
+        return {"workload": "accept-1", "body": 4096, "system": system, "messages": messages,
+                "seconds": 1.0, "fsyncs": messages, "cpu_seconds": cpu}  # fmt: skip
+
+    trials = [run("spool", 4000, 0.8), run("spool", 5000, 1.5), run("sqlite-wal", 5000, None)]
+    cells = summarize(trials, {})
+    assert cells["accept-1", 4096, "spool"].cpu_us_per_msg == pytest.approx(250.0)
+    rows = throughput_table(cells, ["accept-1"], [4096])
+    assert "CPU µs/msg" in rows[0]
+    assert rows[2].startswith("| accept-1 | 4 KiB | sqlite-wal | 5,000 |")
+    assert "| 1.000 | n/a | 0.90x |" in rows[2]  # no CPU figure from an older trial
+    assert rows[3].startswith(
+        "| accept-1 | 4 KiB | spool | 4,500 | 4,000–5,000 | 2 | 1.000 | 250 |"
+    )

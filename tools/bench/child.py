@@ -16,11 +16,13 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any
 
 from tools.bench import restart_probe, workloads
@@ -28,7 +30,7 @@ from tools.bench.systems import SYSTEMS, Message
 from tools.bench.workloads import TrialResult
 
 RAW_SYSTEMS = ("raw-fdatasync", "raw-overwrite", "raw-bandwidth")
-WORKLOAD_THREADS = {"accept-1": 1, "accept-32": 32, "lifecycle-32": 32}
+WORKLOAD_THREADS = {"accept-1": 1, "accept-32": 32, "lifecycle-1": 1, "lifecycle-32": 32}
 
 
 def run_trial(system: str, workload: str, body: int, seconds: float, directory: str) -> TrialResult:
@@ -49,9 +51,14 @@ def run_trial(system: str, workload: str, body: int, seconds: float, directory: 
         target = SYSTEMS[system](os.path.join(directory, "q"), clock)
         try:
             threads = WORKLOAD_THREADS[workload]
-            if workload.startswith("lifecycle"):
-                return workloads.lifecycle(target, clock, msg, threads, seconds)
-            return workloads.accept(target, msg, threads, seconds)
+            cpu = time.process_time()  # the workload's, not the open's or the close's
+            if workload == "lifecycle-1":
+                result = workloads.enqueue_then_drain(target, clock, msg, seconds)
+            elif workload.startswith("lifecycle"):
+                result = workloads.lifecycle(target, clock, msg, threads, seconds)
+            else:
+                result = workloads.accept(target, msg, threads, seconds)
+            return dataclasses.replace(result, cpu_seconds=time.process_time() - cpu)
         finally:
             target.close()
     finally:
@@ -102,7 +109,12 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.command == "trial":
         r = run_trial(args.system, args.workload, args.body, args.seconds, args.dir)
-        _emit({"messages": r.messages, "seconds": r.seconds, "fsyncs": r.fsyncs})
+        _emit({
+            "messages": r.messages,
+            "seconds": r.seconds,
+            "fsyncs": r.fsyncs,
+            "cpu_seconds": r.cpu_seconds,
+        })  # fmt: skip
     elif args.command == "label":
         _emit({"label": system_label(args.system)})
     elif args.command == "spool-hold":

@@ -18,6 +18,7 @@ from typing import Any
 RAW_ROWS = {
     "accept-1": ("raw-fdatasync", "raw-overwrite"),
     "accept-32": ("raw-bandwidth",),
+    "lifecycle-1": (),
     "lifecycle-32": ("raw-bandwidth",),
 }
 PEERS = ("file-per-message", "sqlite-wal", "persist-queue")
@@ -35,6 +36,7 @@ class Cell:
     runs: int
     fsyncs_per_msg: float | None  # counted in process if the system can, else by strace
     strace_per_msg: float | None  # counted by strace around one more trial
+    cpu_us_per_msg: float | None = None  # the trial process's CPU (user + system) a message
 
 
 def trial_workload(workload: str, system: str) -> str:
@@ -54,17 +56,26 @@ def summarize(
     tracer. SQLite syncs inside C, so its systems have only the strace count."""
     rates: dict[tuple[str, int, str], list[float]] = {}
     inproc: dict[tuple[str, int, str], list[float]] = {}
+    cpu: dict[tuple[str, int, str], list[float]] = {}
     for t in trials:
         key = (t["workload"], int(t["body"]), t["system"])
         rates.setdefault(key, []).append(t["messages"] / t["seconds"])
         if t.get("fsyncs") is not None and t["messages"]:
             inproc.setdefault(key, []).append(t["fsyncs"] / t["messages"])
+        if t.get("cpu_seconds") is not None and t["messages"]:
+            cpu.setdefault(key, []).append(1e6 * t["cpu_seconds"] / t["messages"])
     cells = {}
     for key, values in rates.items():
         traced = fsyncs.get("|".join(map(str, key)))
         counted = statistics.median(inproc[key]) if key in inproc else traced
         cells[key] = Cell(
-            statistics.median(values), min(values), max(values), len(values), counted, traced
+            statistics.median(values),
+            min(values),
+            max(values),
+            len(values),
+            counted,
+            traced,
+            statistics.median(cpu[key]) if key in cpu else None,
         )
     return cells
 
@@ -77,6 +88,12 @@ def _syncs(c: Cell) -> str:
     if c.strace_per_msg is not None and c.strace_per_msg != c.fsyncs_per_msg:
         text += f" ({c.strace_per_msg:.3f})"
     return text
+
+
+def _cpu(c: Cell) -> str:
+    """CPU microseconds a message (user and system time of the whole trial process, so a
+    system's fsyncs count too), or n/a for the raw loops and older results."""
+    return "n/a" if c.cpu_us_per_msg is None else f"{c.cpu_us_per_msg:,.0f}"
 
 
 def _rate(x: float) -> str:
@@ -103,8 +120,9 @@ def throughput_table(
 ) -> list[str]:
     """The main table, one row per workload, body size and system (markdown lines)."""
     out = [
-        "| workload | body | system | msg/s (median) | min–max | runs | fsync/msg | spool ÷ row |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| workload | body | system | msg/s (median) | min–max | runs | fsync/msg "
+        "| CPU µs/msg | spool ÷ row |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for workload in workloads:
         for body in bodies:
@@ -116,7 +134,7 @@ def throughput_table(
                 r = "—" if system == SPOOL else _ratio(ratio(cells, workload, body, system))
                 out.append(
                     f"| {workload} | {body // 1024} KiB | {system} | {_rate(c.median)} "
-                    f"| {_rate(c.low)}–{_rate(c.high)} | {c.runs} | {fs} | {r} |"
+                    f"| {_rate(c.low)}–{_rate(c.high)} | {c.runs} | {fs} | {_cpu(c)} | {r} |"
                 )
     return out
 
@@ -159,6 +177,14 @@ def targets(
                 0.9,
             )
         )
+        for workload, bound in (("accept-1", 1.2), ("lifecycle-1", 1.5)):
+            out.append(
+                _at_least(
+                    f"{workload} vs SQLite ({kib})",
+                    ratio(cells, workload, body, "sqlite-wal"),
+                    bound,
+                )
+            )
         for workload, max_fsyncs in (("accept-32", 0.1), ("lifecycle-32", 0.2)):
             out.append(
                 _at_least(

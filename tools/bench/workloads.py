@@ -8,6 +8,9 @@ stretch the whole benchmark; the rate is messages completed divided by elapsed t
   recipients and defer the third; when time is up the first attempts are drained, the
   clock moves past the retry interval, and the deferred recipients are delivered. The
   rate counts whole lifecycles (accept to finish) over the whole time, drain included.
+* ``enqueue_then_drain``: one thread accepts for the trial's time, then claims every
+  message in turn, delivers two recipients and defers the third; the clock moves past the
+  retry interval and the retries are delivered. Rate as for ``lifecycle``.
 * ``raw_fdatasync``: the raw limit of one durable appender: ``write`` a record of the
   message's size and ``fdatasync``, in a loop, one thread.
 * ``raw_bandwidth``: sequential buffered appends of the same records with one
@@ -33,6 +36,9 @@ class TrialResult:
     messages: int
     seconds: float
     fsyncs: int | None
+    # The trial process's CPU (user and system, all threads) over the workload, from
+    # ``time.process_time``: set by the child around the whole workload call.
+    cpu_seconds: float | None = None
 
     @property
     def rate(self) -> float:
@@ -135,6 +141,30 @@ def lifecycle(
     if sum(finished) != sum(accepted):
         raise RuntimeError(f"{system.name}: {sum(accepted)} accepted but {sum(finished)} finished")
     return TrialResult(sum(accepted), elapsed, _fsyncs_since(system, fsyncs_before))
+
+
+def enqueue_then_drain(
+    system: QueueSystem, clock: FakeClock, msg: Message, seconds: float
+) -> TrialResult:
+    """One thread: accept for ``seconds``, then drain the first attempts, then the retries."""
+    fsyncs_before = system.counted_fsyncs()
+    accepted = finished = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+    while time.perf_counter() < deadline:
+        system.accept(msg)
+        accepted += 1
+    for retries in (False, True):
+        if retries:
+            clock.advance(RETRY_INTERVAL + 1.0)
+        while (claimed := system.claim()) is not None:
+            delivered, deferred = _split(claimed.recipients)
+            system.end_attempt(claimed, delivered, deferred)
+            finished += not deferred
+    elapsed = time.perf_counter() - started
+    if finished != accepted:
+        raise RuntimeError(f"{system.name}: {accepted} accepted but {finished} finished")
+    return TrialResult(accepted, elapsed, _fsyncs_since(system, fsyncs_before))
 
 
 def raw_fdatasync(directory: str, record: bytes, seconds: float) -> TrialResult:
