@@ -64,7 +64,7 @@ from spool.framing import (
     pad_frame,
     parse_frame,
 )
-from spool.reader import first_valid_frame, looks_torn
+from spool.reader import first_valid_frame, looks_torn, written_bytes
 from spool.records import Position
 from spool.segment_header import check_segment_header, header_blank, segment_salt
 
@@ -165,7 +165,7 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
     """
     problem = check_segment_header(data, number, "")
     if problem is not None and newest and durable_end == 0 and header_blank(data[: fmt.SECTOR]):
-        written = len(data.rstrip(b"\0"))
+        written = written_bytes(data, 0)
         return SegmentScan(number, None, problem, (), 0, problem, len(data), (), written)
     salt = None if _names_another_segment(data, number) else _salt_of(data, problem, number)
     if salt is None:
@@ -193,7 +193,7 @@ def scan_segment(data: bytes, number: int, *, newest: bool, durable_end: int) ->
         reason = getattr(result, "reason", "truncated frame")
         first = pos - pos % fmt.SECTOR
         if newest and pos >= durable_end and looks_torn(data[first:], first, pos, salt):
-            written = len(data[pos:].rstrip(b"\0"))
+            written = written_bytes(data[pos:], pos)
             return SegmentScan(
                 number,
                 salt,

@@ -55,6 +55,18 @@ def list_segments(fs: FileSystem, log_dir: str) -> list[int]:
     return sorted(numbers)
 
 
+def written_bytes(tail: bytes, offset: int) -> int:
+    """How many bytes of ``tail``, the segment from ``offset`` to its end, were written:
+    up to the end of its last sector holding a byte that is not zero (or of the file).
+    Sectors of zeros after it are space never written, or zeros written ahead of the log
+    (writer invariant W6); zeros inside a written sector (a PAD frame's) are counted."""
+    last = len(tail.rstrip(b"\0"))
+    if not last:
+        return 0
+    sector_end = -(-(offset + last) // fmt.SECTOR) * fmt.SECTOR
+    return min(len(tail), sector_end - offset)
+
+
 def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:
     """Whether bad bytes at ``offset`` of a segment look like an interrupted last write.
 

@@ -47,7 +47,14 @@ from spool.framing import Frame
 from spool.fs import FileSystem, read_file, write_file_durably
 from spool.options import SpoolOptions
 from spool.positions import RestartPositions, load_positions, pin_body, unpin_body, unretired
-from spool.reader import LogCursor, SkippedBody, TornTail, list_segments, read_frame_at
+from spool.reader import (
+    LogCursor,
+    SkippedBody,
+    TornTail,
+    list_segments,
+    read_frame_at,
+    written_bytes,
+)
 from spool.records import Position
 
 
@@ -940,17 +947,18 @@ def _cut_torn_tail(fs: FileSystem, root: str, log_dir: str, at: Position) -> Non
 
 
 def _torn_bytes(fs: FileSystem, log_dir: str, at: Position) -> int:
-    """The bytes of the torn tail at ``at`` that were written: up to its last byte that is
-    not zero. Zeros after it are space never written, or written ahead (writer W6)."""
+    """The bytes of the torn tail at ``at`` that were written (``reader.written_bytes``:
+    not the sectors of zeros after them, never written or written ahead, writer W6)."""
     path = os.path.join(log_dir, fmt.segment_name(at.segment))
     try:
-        return len(read_file(fs, path, at.offset).rstrip(b"\0"))
+        return written_bytes(read_file(fs, path, at.offset), at.offset)
     except FileNotFoundError:
         return 0  # a newest segment already removed (its header torn)
 
 
 def _quarantine_tail(fs: FileSystem, root: str, path: str, at: Position) -> None:
-    tail = read_file(fs, path, at.offset).rstrip(b"\0")  # zeros ahead are not the tear
+    tail = read_file(fs, path, at.offset)
+    tail = tail[: written_bytes(tail, at.offset)]  # sectors of zeros after it: no tear
     if not tail:
         return
     corrupt = os.path.join(root, fmt.CORRUPT_DIR)

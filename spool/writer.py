@@ -24,8 +24,8 @@ Crash safety (the invariants are numbered in docs/design.md):
          fdatasynced, so a torn frame can only be in the newest segment.
     (W4) Frames are never rewritten; the file only grows, but for (W6).
     (W6) Zeros written ahead: a batch that reaches past what its segment already holds
-         writes ``write_ahead`` bytes of zeros after itself (never past ``segment_size``)
-         in the same ``pwrite``, covered by the same ``fdatasync``. The batches after it
+         writes ``write_ahead`` bytes of zeros after itself (never past ``segment_size``),
+         covered by the same ``fdatasync``. The batches after it
          overwrite those zeros instead of growing the file, so their ``fdatasync`` has no
          new size or extents to commit to the file system's journal (an append's
          ``fdatasync`` must; that is most of the gap between appending and overwriting,
@@ -401,18 +401,14 @@ class LogWriter:
             self._written_to = 0
             self._created += 1
         assert self._fd is not None
-        size = len(data)
-        end = chunk.offset + size
-        if end > self._written_to:
-            ahead = min(end + self._write_ahead, self._segment_size)  # (W6)
-            if ahead > end:
-                data += bytes(ahead - end)
-            self._written_to = max(end, ahead)
         # A crash during this write leaves a torn tail in the newest segment (W3), cut off
         # by recovery; nobody waiting on it has been told it is durable (W1). Where it
         # overwrites zeros written ahead (W6), a sector it did not reach still holds zeros,
         # as an appended sector that never reached the disk would: the same torn tail.
         self._fs.pwrite(self._fd, data, chunk.offset)
+        end = chunk.offset + len(data)
+        if end > self._written_to:
+            self._write_zeros_ahead(end)
         started = time.perf_counter()
         self._fs.fdatasync(self._fd)
         latencies.append(time.perf_counter() - started)
@@ -423,7 +419,26 @@ class LogWriter:
             # which loses only unacknowledged frames.
             self._fs.fsync_dir(self._dir)
             self._fsyncs += 1
-        return size
+        return len(data)
+
+    def _write_zeros_ahead(self, end: int) -> None:
+        """Write zeros from ``end`` (where the batch just written ends, past what the
+        segment held) to ``write_ahead`` bytes past it, never past the segment size (W6).
+
+        A crash before the batch's ``fdatasync`` leaves some of them, or none: zeros past
+        the log's end either way, a torn tail that recovery cuts. A failure (a full disk)
+        costs only the speed-up: the batch itself is written, what zeros reached the file
+        lie past the log's end as well, and the next batch to pass them tries again."""
+        self._written_to = end
+        ahead = min(end + self._write_ahead, self._segment_size)
+        if ahead <= end:
+            return
+        assert self._fd is not None
+        try:
+            self._fs.pwrite(self._fd, bytes(ahead - end), end)
+        except OSError:
+            return
+        self._written_to = ahead
 
     def _cut_zeros_ahead(self) -> None:
         """At close, cut the zeros written ahead (W6) so that a closed log ends where its

@@ -110,7 +110,10 @@ def test_after_a_write_failed_close_unlocks_and_the_spool_opens_again(
 ) -> None:
     with small_disk(tmp_path, kind) as (disk, fs):
         root = disk / "spool"
-        sp = Spool.open(root, fs=fs, **OPTIONS)  # type: ignore[arg-type]
+        # No zeros written ahead (writer W6): the delivery records must take new blocks,
+        # so the full disk fails them (with zeros ahead they land in blocks the segment
+        # holds already, and go on: test_zeros_ahead.py).
+        sp = Spool.open(root, fs=fs, write_ahead=0, **OPTIONS)  # type: ignore[arg-type]
         ids = [sp.accept("from@example.org", ["to@example.net"], DATA) for _ in range(40)]
         # Another program takes every byte left, the reserve included.
         filler = disk / "filler"
@@ -135,7 +138,8 @@ def test_a_reopen_with_no_room_to_recover_raises_disk_full(tmp_path: Path, kind:
         root = disk / "spool"
         child = (
             "import os\nfrom spool import Spool\n"
-            f"sp = Spool.open({str(root)!r}, min_free_bytes=0)\n"
+            # No zeros written ahead (writer W6): recovery would free their space first.
+            f"sp = Spool.open({str(root)!r}, min_free_bytes=0, write_ahead=0)\n"
             "sp.accept('a@example.org', ['b@example.net'], b'hello')\n"
             "attempt = sp.claim(timeout=0)\n"  # in flight: recovery must write for it
             "sp.sync()\nos._exit(0)\n"

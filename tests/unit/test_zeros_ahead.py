@@ -6,6 +6,7 @@ them without calling them torn bytes."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from spool import format as fmt
 from spool.check import check_spool
 from spool.errors import SpoolMisuse
 from spool.framing import Frame
+from spool.fs import FileSystem
 from spool.reader import LogCursor, list_segments
 from spool.records import Position
 from spool.testing import CountingFS
@@ -182,3 +184,29 @@ def test_write_ahead_zero_turns_it_off_and_a_bad_value_is_refused(tmp_path: Path
         with pytest.raises(SpoolMisuse, match="write_ahead"):
             Spool.open(tmp_path / "r", write_ahead=bad)
     assert not (tmp_path / "r").exists()
+
+
+class NoRoomForZeros(FileSystem):
+    """A disk with room for the batches but not for the zeros after them."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        if len(data) > fmt.SECTOR and not data.strip(b"\0"):
+            self.refused += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().pwrite(fd, data, offset)
+
+
+def test_no_room_for_the_zeros_costs_only_the_speed_up(tmp_path: Path) -> None:
+    # Found by the full-disk test: with the zeros in the batch's own write, a disk with
+    # room for the batch but not the zeros failed an accept whose frames were on disk.
+    fs = NoRoomForZeros()
+    with Spool.open(tmp_path / "q", fs=fs) as sp:
+        ids = [sp.accept("a@example.org", [f"r{i}@example.net"], b"hello") for i in range(3)]
+        assert fs.refused >= 3  # each batch passed the end and tried again
+        (seg,) = (tmp_path / "q" / fmt.LOG_DIR).iterdir()
+        assert seg.stat().st_size % fmt.SECTOR == 0 and seg.read_bytes()[-fmt.SECTOR :].strip(b"\0")
+    with Spool.open(tmp_path / "q") as sp:
+        assert sorted(e.msg_id for e in sp.list()) == sorted(ids)
