@@ -65,7 +65,9 @@ DEFAULT_SYNC_INTERVAL: Final = 1.0
 DEFAULT_CHECKPOINT_INTERVAL: Final = 30.0
 DEFAULT_CHECKPOINT_EVERY: Final = 100_000
 # The zeros written ahead of the log (writer invariant W6) are ``writer.DEFAULT_WRITE_AHEAD``.
-WRITE_AHEAD_MAX: Final = 1 << 30
+# More gains nothing (one file-size change per 8 MiB of log is rare already), and a reader
+# that stops at the end of the log reads the zeros after it: a restart reads up to this.
+WRITE_AHEAD_MAX: Final = 8 << 20
 
 # A BODY frame holds the message id and the data: the largest body that fits one frame.
 INLINE_BODY_LIMIT: Final = fmt.FRAME_PAYLOAD_MAX - fmt.MSG_ID_LENGTH

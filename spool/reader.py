@@ -82,6 +82,8 @@ def looks_torn(data: bytes, first: int, offset: int, salt: int) -> bool:
     as that later frame.
     """
     sector = fmt.SECTOR
+    if offset % sector == 0 and _zeros_but_one_burst(data, offset - first):
+        return True
     zero = bytes(sector)
     for rel in range(0, len(data), sector):
         if rel > offset - first and isinstance(parse_frame(data, rel, salt), Frame):
@@ -112,6 +114,19 @@ def _widened_padding_into(data: bytes, at: int, zeros: int, salt: int) -> bool:
     got = data[at : at + fmt.FRAME_HEADER_SIZE]
     differ = [i for i in range(fmt.FRAME_HEADER_SIZE) if got[i] != header[i]]
     return bool(differ) and differ[-1] - differ[0] < fmt.BURST
+
+
+def _zeros_but_one_burst(data: bytes, at: int) -> bool:
+    """Whether ``data`` from ``at`` (a sector boundary) to its end is zeros but for one
+    run of at most ``BURST`` bytes in the sector at ``at``: sectors never written, or of
+    zeros written ahead of the log (writer invariant W6), that damage hit after the end of
+    the log. No frame was there: a batch's first frame starts on that boundary, and its
+    header alone has bytes further apart than a run (its length, at most 2^23, in its
+    first three bytes; its type in its ninth)."""
+    rest = data[at:]
+    last = len(rest.rstrip(b"\0"))
+    first_set = len(rest) - len(rest.lstrip(b"\0"))
+    return 0 < last <= fmt.SECTOR and last - first_set <= fmt.BURST
 
 
 def _covers_a_gap(data: bytes, at: int, salt: int) -> bool:
@@ -342,6 +357,12 @@ class LogCursor:
         assert self._fd is not None
         first = offset - offset % fmt.SECTOR
         data = self._fs.pread(self._fd, file_size - first, first)
+        if isinstance(parse_frame(data, offset - first, self._salt), Frame):
+            # Whole now: the bytes parsed were read while a running owner wrote the frame
+            # (over zeros written ahead, W6, the file already reaches past it). No damage:
+            # this reader stops here, as at a tail still being written. (Nobody writes
+            # beside recovery, which therefore never sees this.)
+            return True
         return looks_torn(data, first, offset, self._salt)
 
     def _read_more(self, need: int, end_in_file: int) -> None:
