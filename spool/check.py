@@ -63,6 +63,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import attrs
+from crc32c import crc32c
 
 from spool import format as fmt
 from spool import records as rec
@@ -225,7 +226,10 @@ def check_spool(
 
 def _fingerprint(fs: FileSystem, path: str) -> tuple[object, ...]:
     """What a check compares, as it stands now: the positions, the segments and their
-    sizes, the body files. Equal before and after a pass: nothing moved under it."""
+    sizes, the newest segment's bytes, the body files. Equal before and after a pass:
+    nothing moved under it. (The bytes, because a running owner overwrites the zeros it
+    wrote ahead of the log, writer W6, without changing the file's size: a pass that read
+    a batch half copied must not stand.)"""
 
     def listing(directory: str, sizes: bool) -> tuple[tuple[str, int], ...]:
         out = []
@@ -239,9 +243,16 @@ def _fingerprint(fs: FileSystem, path: str) -> tuple[object, ...]:
         positions = read_file(fs, os.path.join(path, fmt.POSITIONS_NAME))
     except OSError:
         positions = b""
+    log = listing(os.path.join(path, fmt.LOG_DIR), True)
+    newest = max((n for n, _ in log if fmt.parse_segment_name(n) is not None), default=None)
+    tail = b""
+    if newest is not None:
+        with contextlib.suppress(OSError):
+            tail = read_file(fs, os.path.join(path, fmt.LOG_DIR, newest))
     return (
         positions,
-        listing(os.path.join(path, fmt.LOG_DIR), True),
+        log,
+        crc32c(tail),
         listing(os.path.join(path, fmt.INCOMING_DIR), False),
         listing(os.path.join(path, fmt.BODY_DIR), False),
     )

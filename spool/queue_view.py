@@ -83,6 +83,7 @@ def walk(
         durable_end=positions.consistent if positions else None,
         newest_segment=segments[-1],
         skip_bodies=skip_bodies,
+        beside_owner=True,
     )
     segment = segments[0]
     try:

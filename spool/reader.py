@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import time
 from collections.abc import Generator, Iterator
 from typing import Final
 
@@ -47,6 +48,12 @@ from spool.records import Position
 from spool.segment_header import check_segment_header, header_blank, segment_salt
 
 CHUNK_SIZE = 256 * 1024
+
+
+# Before a reader calls bad bytes past the durable end damage, it reads them twice, this
+# long apart: bytes that change are a running owner's write in progress (a batch copied
+# over zeros written ahead takes microseconds; one of megabytes, a millisecond or so).
+REREAD_AFTER: Final = 0.002
 
 
 def list_segments(fs: FileSystem, log_dir: str) -> list[int]:
@@ -246,7 +253,10 @@ class LogCursor:
     ``durable_end`` decides corruption versus torn tail (see the module docstring). A
     ``live`` reader (queue runners, the outcome reader) reads behind a running writer with
     the writer's durable end as the ``limit`` of each ``next``: any bad frame before it is
-    corruption.
+    corruption. A reader ``beside_owner`` (a view of a spool another process may be
+    writing: the CLI's, the analytics') reads bad bytes past the durable end once more,
+    ``REREAD_AFTER`` later, before it calls them damage: bytes still changing are a write
+    in progress, and it stops there.
     """
 
     def __init__(
@@ -260,8 +270,10 @@ class LogCursor:
         skip_bodies: bool = False,
         chunk_size: int = CHUNK_SIZE,
         live: bool = False,
+        beside_owner: bool = False,
     ) -> None:
         self._fs = fs
+        self._beside_owner = beside_owner
         self._dir = log_dir
         self.position = start
         self._durable_end = durable_end
@@ -363,6 +375,10 @@ class LogCursor:
             # this reader stops here, as at a tail still being written. (Nobody writes
             # beside recovery, which therefore never sees this.)
             return True
+        if self._beside_owner:
+            time.sleep(REREAD_AFTER)
+            if self._fs.pread(self._fd, len(data), first) != data:
+                return True  # still being written: the same
         return looks_torn(data, first, offset, self._salt)
 
     def _read_more(self, need: int, end_in_file: int) -> None:

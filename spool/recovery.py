@@ -258,7 +258,12 @@ def recover(
     positions, start = _scan_start(loaded, segments, n_classes)
     consistent = positions.consistent if positions else Position(segments[0], 0)
     cursor = LogCursor(
-        fs, log_dir, start, durable_end=_durable_end(loaded, segments), newest_segment=segments[-1]
+        fs,
+        log_dir,
+        start,
+        durable_end=_durable_end(loaded, segments),
+        newest_segment=segments[-1],
+        beside_owner=dry_run,  # a dry run (``spool check``'s) may read beside an owner
     )
     working: dict[str, _Working] = {}
     superseded: set[Position] = set(positions.superseded) if positions else set()

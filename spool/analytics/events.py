@@ -275,6 +275,7 @@ def _cursor(fs: FileSystem, source: SegmentSource, start: int) -> LogCursor:
         durable_end=Position(*source.durable_end) if source.durable_end else None,
         newest_segment=source.newest,
         skip_bodies=True,
+        beside_owner=True,
     )
 
 

@@ -520,7 +520,9 @@ def flip_durable_byte(
     PAD frame's header (``_pad_header_burst``), the one layer that also damages bytes
     synced after the positions (``synced`` gives each segment's synced length); and one
     in sixteen a burst over the segment header's salt and CRC (``_header_burst``); and one
-    in sixteen bursts over two or three records of one message (``_one_messages_records``)."""
+    in sixteen bursts over two or three records of one message (``_one_messages_records``);
+    and one in sixteen a burst in the synced zeros written ahead after the end of the
+    newest segment's log (``_zeros_ahead_burst``), which once held every queued message."""
     files = dict(state.files)
     raw = files.get(os.path.join("spool", fmt.POSITIONS_NAME))
     positions = decode_positions(raw) if raw is not None else None
@@ -610,11 +612,35 @@ def flip_durable_byte(
         if hit is not None:
             offsets = hit
             bits = [aim.randrange(8) for _ in offsets]
+    elif aim is not None and aimed < 0.75:
+        zeros = _zeros_ahead_burst(files, synced() if synced else {}, aim)
+        if zeros is not None:
+            path, offsets = zeros
+            bits = [aim.randrange(8) for _ in offsets]
     data = bytearray(files[path])
     for at, bit in zip(offsets, bits, strict=True):
         data[at] ^= 1 << bit
     files[path] = bytes(data)
     return TreeState(state.dirs, tuple(sorted(files.items()))), path, tuple(offsets)
+
+
+def _zeros_ahead_burst(
+    files: dict[str, bytes], synced: dict[str, int], aim: random.Random
+) -> tuple[str, list[int]] | None:
+    """A run of one to four damaged bytes in the first sector of synced zeros after the
+    last sector of the newest segment that holds anything (zeros written ahead, writer
+    W6): (the segment, the offsets), or None if it has no such sector synced."""
+    segments = sorted(p for p in files if p.startswith(os.path.join("spool", fmt.LOG_DIR, "")))
+    if not segments:
+        return None
+    path = segments[-1]
+    data = files[path][: synced.get(path, 0)]
+    end = len(data.rstrip(b"\0"))
+    end += -end % fmt.SECTOR
+    if end == 0 or len(data) < end + fmt.SECTOR:
+        return None
+    first = end + aim.randrange(fmt.SECTOR - 3)
+    return path, list(range(first, first + aim.randrange(1, 5)))
 
 
 def _pad_header_burst(
