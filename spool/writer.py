@@ -24,12 +24,12 @@ Crash safety (the invariants are numbered in docs/design.md):
          fdatasynced, so a torn frame can only be in the newest segment.
     (W4) Frames are never rewritten; the file only grows, but for (W6).
     (W6) Zeros written ahead: a batch that reaches past what its segment already holds
-         writes ``write_ahead`` bytes of zeros after itself (never past ``segment_size``),
-         covered by the same ``fdatasync``. The batches after it
-         overwrite those zeros instead of growing the file, so their ``fdatasync`` has no
-         new size or extents to commit to the file system's journal (an append's
-         ``fdatasync`` must; that is most of the gap between appending and overwriting,
-         docs/performance.md). Zeros after the log's end read as a torn tail (sectors
+         writes a run of zeros after itself (``FIRST_AHEAD``, doubling up to
+         ``write_ahead``; never past ``segment_size``), covered by the same ``fdatasync``.
+         The batches after it overwrite those zeros instead of growing the file, so their
+         ``fdatasync`` has no new size or extents to commit to the file system's journal
+         (an append's ``fdatasync`` must; that is most of the gap between appending and
+         overwriting, docs/performance.md). Zeros after the log's end read as a torn tail (sectors
          never written are zeros), which is what recovery already cuts; a clean close
          cuts them itself. Only the newest segment can end in them: a segment rolls over
          only once its frames reach ``segment_size``, past the last zero written ahead.
@@ -64,6 +64,7 @@ Part = tuple[int, bytes]  # (frame type, payload): one record or BODY frame to a
 # Zeros written past a batch that reaches beyond what its segment holds (W6): one file-size
 # change, and one journal commit, per this much log. The ``write_ahead`` option's default.
 DEFAULT_WRITE_AHEAD = 1 << 20
+FIRST_AHEAD = 64 << 10  # a segment's first run of zeros; each next one twice as long
 
 
 @attrs.define
@@ -133,6 +134,7 @@ class LogWriter:
         self._fd: int | None = None
         self._fd_segment = 0
         self._written_to = 0  # how far the current segment holds frames or zeros (W6)
+        self._ahead = min(FIRST_AHEAD, write_ahead)  # the next run of zeros: doubles
         self._flushing = False
         self._failed: SpoolFailed | None = None
         self._closed = False
@@ -399,6 +401,7 @@ class LogWriter:
                 self._fs.close(self._fd)
             self._fd, self._fd_segment = fd, chunk.segment
             self._written_to = 0
+            self._ahead = min(FIRST_AHEAD, self._write_ahead)
             self._created += 1
         assert self._fd is not None
         # A crash during this write leaves a torn tail in the newest segment (W3), cut off
@@ -423,14 +426,17 @@ class LogWriter:
 
     def _write_zeros_ahead(self, end: int) -> None:
         """Write zeros from ``end`` (where the batch just written ends, past what the
-        segment held) to ``write_ahead`` bytes past it, never past the segment size (W6).
+        segment held) to a run past it, never past the segment size (W6). The runs of a
+        segment start at ``FIRST_AHEAD`` and double up to ``write_ahead``: an open, or a
+        spool that writes little, writes few zeros (a restart cuts them and syncs that).
 
         A crash before the batch's ``fdatasync`` leaves some of them, or none: zeros past
         the log's end either way, a torn tail that recovery cuts. A failure (a full disk)
         costs only the speed-up: the batch itself is written, what zeros reached the file
         lie past the log's end as well, and the next batch to pass them tries again."""
         self._written_to = end
-        ahead = min(end + self._write_ahead, self._segment_size)
+        ahead = min(end + self._ahead, self._segment_size)
+        self._ahead = min(2 * self._ahead, self._write_ahead)
         if ahead <= end:
             return
         assert self._fd is not None

@@ -27,7 +27,7 @@ from spool.reader import LogCursor, list_segments
 from spool.records import Position
 from spool.testing import CountingFS
 from spool.writer import DEFAULT_WRITE_AHEAD as WRITE_AHEAD
-from spool.writer import LogWriter, Part
+from spool.writer import FIRST_AHEAD, LogWriter, Part
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,14 +46,14 @@ def test_a_batch_writes_zeros_ahead_and_later_batches_overwrite_them(tmp_path: P
     w.append(_frame(0), durable=True)
     first_end = w.durable.offset
     path = _segment(tmp_path)
-    assert path.stat().st_size == first_end + WRITE_AHEAD
+    assert path.stat().st_size == first_end + FIRST_AHEAD
     for i in range(1, 50):
         w.append(_frame(i), durable=True)
     # Fifty batches later the file has not grown: they overwrote the zeros.
-    assert path.stat().st_size == first_end + WRITE_AHEAD
+    assert path.stat().st_size == first_end + FIRST_AHEAD
     end = w.durable.offset
     data = path.read_bytes()
-    assert not data[end:].strip(b"\0") and len(data) - end == first_end + WRITE_AHEAD - end
+    assert not data[end:].strip(b"\0") and len(data) - end == first_end + FIRST_AHEAD - end
     # A reader of the live log stops at the zeros as at a torn tail, after every frame.
     cursor = LogCursor(fs, str(tmp_path), Position(1, 0))
     frames = [f.payload for _, f in cursor if isinstance(f, Frame) and f.type != fmt.T_PAD]
@@ -62,6 +62,23 @@ def test_a_batch_writes_zeros_ahead_and_later_batches_overwrite_them(tmp_path: P
     w.close()
     # A clean close cuts them: the log ends where its frames do, on a sector boundary.
     assert path.stat().st_size == end and end % fmt.SECTOR == 0
+
+
+def test_the_runs_of_zeros_double_up_to_write_ahead(tmp_path: Path) -> None:
+    # Few zeros for an open or a spool that writes little (a restart cuts them and syncs
+    # that), one file-size change a megabyte for a busy one.
+    w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=64 << 20)
+    path = _segment(tmp_path)
+    runs = []
+    size = 0
+    while len(runs) < 7:
+        w.append(_frame(len(runs), 4000), durable=True)
+        if path.stat().st_size != size:
+            size = path.stat().st_size
+            runs.append(size - w.durable.offset)
+    w.close()
+    k = FIRST_AHEAD
+    assert runs == [k, 2 * k, 4 * k, 8 * k, WRITE_AHEAD, WRITE_AHEAD, WRITE_AHEAD]
 
 
 def test_zeros_are_never_written_past_the_segment_size(tmp_path: Path) -> None:
@@ -150,7 +167,7 @@ def test_a_kill_leaves_zeros_that_recovery_cuts_without_calling_them_torn(
     newest = list_segments(CountingFS(), str(log_dir))[-1]
     data = _segment(log_dir, newest).read_bytes()
     end = len(data.rstrip(b"\0"))
-    assert len(data) - end > WRITE_AHEAD // 2  # the zeros written ahead
+    assert len(data) - end > FIRST_AHEAD // 2  # the zeros written ahead
     with Spool.open(root) as sp:
         assert sp.recovery.torn_bytes_cut == 0
         assert sp.recovery.torn_at is not None
