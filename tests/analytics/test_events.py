@@ -375,8 +375,10 @@ def test_a_range_ending_inside_a_frame_after_a_body_is_named_as_the_reader_names
 ) -> None:
     """A review found it: the record frames were taken up to the last record, so the
     reader read the body after it again and, its buffer then ending inside the next
-    frame, named that frame "truncated" where the reader alone says it "runs past the
-    durable end". The reader now goes on from the first frame that is not whole."""
+    frame, named that frame otherwise than the reader alone did. The reader now goes on
+    from the first frame that is not whole. (It never reads past its limit either, since
+    bytes there may be zeros written ahead that a batch is about to replace: a frame the
+    range cuts is "truncated" wherever its buffer ended.)"""
     salt, number = 0x1234, 5
     envelope = rec.Envelope("6AE6B9F44CDD92C4", "a@b", ("x@y",), 1.0, 1.0, rec.BodyRef("inline", 9))
     data = bytearray(segment_header(number, salt)) + encode_frame(*rec.encode(envelope), salt)
@@ -396,7 +398,7 @@ def test_a_range_ending_inside_a_frame_after_a_body_is_named_as_the_reader_names
     with pytest.raises(CorruptSpool) as by_rows:
         list(segment_rows(source, start=0, stop=stop))
     assert (by_rows.value.offset, by_rows.value.reason) == (delta_at, by_reader.value.reason)
-    assert by_reader.value.reason == "frame runs past the durable end"
+    assert by_reader.value.reason == "truncated frame (100 of 275 bytes)"
 
 
 def _reader_alone(cursor: LogCursor, stop: int) -> list[object]:
