@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -431,9 +432,11 @@ class LogWriter:
         spool that writes little, writes few zeros (a restart cuts them and syncs that).
 
         A crash before the batch's ``fdatasync`` leaves some of them, or none: zeros past
-        the log's end either way, a torn tail that recovery cuts. A failure (a full disk)
-        costs only the speed-up: the batch itself is written, what zeros reached the file
-        lie past the log's end as well, and the next batch to pass them tries again."""
+        the log's end either way, a torn tail that recovery cuts. A full disk (ENOSPC,
+        EDQUOT: the write refused, nothing left dirty in doubt) costs only the speed-up:
+        the batch itself is written, what zeros reached the file lie past the log's end as
+        well, and the next batch to pass them tries again. Any other error fails the
+        writer, as a failed write of the batch would (no sync after a write that failed)."""
         self._written_to = end
         ahead = min(end + self._ahead, self._segment_size)
         self._ahead = min(2 * self._ahead, self._write_ahead)
@@ -442,7 +445,9 @@ class LogWriter:
         assert self._fd is not None
         try:
             self._fs.pwrite(self._fd, bytes(ahead - end), end)
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
             return
         self._written_to = ahead
 
