@@ -111,7 +111,7 @@ class Attempt:
         state = self._book.state
         state.check_process()
         self._book.check_attempt(self._flight)
-        return read_body(state.fs, state.path, self.msg_id, self._flight.body)
+        return read_body(state.fs, state.path, self.msg_id, self._flight.body, state.segment_files)
 
     def delivered(self, recipients: Iterable[str], reply: str) -> None:
         """These recipients were delivered. Durable on return: never attempted again."""

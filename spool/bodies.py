@@ -38,6 +38,7 @@ from spool.errors import CorruptSpool
 from spool.fs import FileSystem
 from spool.reader import read_frame_at
 from spool.records import BODY_FILE, BODY_INLINE, BodyRef, Position, decode_body
+from spool.segment_files import SegmentFiles
 
 
 def body_file_header(data: bytes) -> bytes:
@@ -213,9 +214,17 @@ def check_body_file(raw: bytes) -> str | None:
     return None
 
 
-def read_inline_body(fs: FileSystem, log_dir: str, msg_id: str, at: Position) -> bytes:
-    """The data of the BODY frame at ``at``, checked to belong to ``msg_id``."""
-    frame = read_frame_at(fs, log_dir, at)
+def read_inline_body(
+    fs: FileSystem,
+    log_dir: str,
+    msg_id: str,
+    at: Position,
+    segments: SegmentFiles | None = None,
+) -> bytes:
+    """The data of the BODY frame at ``at``, checked to belong to ``msg_id``; read through
+    an open spool's ``segments`` if given (its descriptors stay open), else by opening the
+    segment for this read."""
+    frame = read_frame_at(fs, log_dir, at) if segments is None else segments.read_frame(at)
     path = os.path.join(log_dir, fmt.segment_name(at.segment))
     if frame.type != fmt.T_BODY:
         raise CorruptSpool(path, at.offset, f"expected a body frame, found type {frame.type}")
@@ -225,9 +234,13 @@ def read_inline_body(fs: FileSystem, log_dir: str, msg_id: str, at: Position) ->
     return data
 
 
-def read_body(fs: FileSystem, root: str, msg_id: str, ref: BodyRef) -> bytes:
-    """Read a message body wherever it lives. ``ref.at`` must be resolved for inline."""
+def read_body(
+    fs: FileSystem, root: str, msg_id: str, ref: BodyRef, segments: SegmentFiles | None = None
+) -> bytes:
+    """Read a message body wherever it lives. ``ref.at`` must be resolved for inline.
+    ``segments``: an open spool's read descriptors (``read_inline_body``)."""
     if ref.kind == BODY_INLINE:
         assert ref.at is not None, "inline body reference not resolved"
-        return read_inline_body(fs, os.path.join(root, fmt.LOG_DIR), msg_id, ref.at)
+        log_dir = os.path.join(root, fmt.LOG_DIR)
+        return read_inline_body(fs, log_dir, msg_id, ref.at, segments)
     return read_body_file(fs, root, msg_id)

@@ -168,7 +168,9 @@ class BodyKeeper:
         if body.at is None:
             raise AssertionError("inline body reference not resolved")
         try:
-            data = read_inline_body(self.state.fs, self.state.log_dir, msg_id, body.at)
+            data = read_inline_body(
+                self.state.fs, self.state.log_dir, msg_id, body.at, self.state.segment_files
+            )
         except CorruptSpool:
             # Damaged: left where it is, for `spool check` to find (a repair bounces it).
             return body, None

@@ -217,6 +217,8 @@ class Checkpointer:
         state = self.state
         log_dir = state.log_dir
         doomed = [s for s in list_segments(state.fs, log_dir) if s < positions.front.segment]
+        # Their read descriptors first: a deleted file held open would keep its space.
+        state.segment_files.retire_below(positions.front.segment)
         for seg in doomed:
             # The positions naming the front are durable (P2), so a crash at any point of
             # this loop leaves only retired segments, which recovery ignores and the next

@@ -90,6 +90,7 @@ class OpenedSpool:
         st.writer.close()
         self.scheduler.close()
         self.outcome_desk.reader.close()
+        st.segment_files.close()
         self.owner.release()
 
 

@@ -98,7 +98,7 @@ class OutcomeDesk:
             state.check_open()
             kept = self.reader.waiting(outcome.msg_id)
         try:
-            return read_body(state.fs, state.path, outcome.msg_id, body)
+            return read_body(state.fs, state.path, outcome.msg_id, body, state.segment_files)
         except CorruptSpool as exc:
             if kept and body.kind == rec.BODY_FILE:
                 raise  # it must be there: damage, not age

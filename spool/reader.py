@@ -465,6 +465,11 @@ class LogCursor:
         while True:
             pos = self.position
             if limit is not None and pos >= limit:
+                if self._fd is not None and self._fd_segment != pos.segment:
+                    # Moved past the segment it holds without reading on (a queue runner
+                    # with nothing of its class pending skips to the head): let go of it
+                    # now, since a deleted segment held open keeps its space until then.
+                    self.close()
                 return None
             if self._fd is None or self._fd_segment != pos.segment:
                 if not self._open(pos.segment):
@@ -561,26 +566,52 @@ class _Stop(Exception):
 
 
 def read_frame_at(fs: FileSystem, log_dir: str, at: Position) -> Frame:
-    """Read and check the single frame at ``at`` (envelopes for attempts, bodies)."""
+    """Read and check the single frame at ``at`` (envelopes for attempts, bodies), opening
+    its segment for this read alone (an open spool keeps its descriptors open instead:
+    ``segment_files.py``)."""
     path = os.path.join(log_dir, fmt.segment_name(at.segment))
+    fd, salt = open_segment_checked(fs, path, at.segment)
+    try:
+        return frame_in(fs, fd, path, at.offset, salt)
+    finally:
+        fs.close(fd)
+
+
+def open_segment_checked(fs: FileSystem, path: str, segment: int) -> tuple[int, int]:
+    """A read-only descriptor of segment ``segment`` at ``path`` whose header checks, and
+    its frames' salt. ``CorruptSpool`` if the file is missing or its header is bad (and
+    as ``open_segment``)."""
     try:
         fd = open_segment(fs, path)
     except FileNotFoundError:
-        raise CorruptSpool(path, at.offset, "segment file is missing") from None
+        raise CorruptSpool(path, 0, "segment file is missing") from None
     try:
         header = fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
-        problem = check_segment_header(header, at.segment, path)
+        problem = check_segment_header(header, segment, path)
         if problem is not None:
             raise CorruptSpool(path, 0, problem)
-        head = fs.pread(fd, fmt.FRAME_HEADER_SIZE, at.offset)
-        peek = peek_header(head, 0)
-        if not isinstance(peek, tuple):
-            raise CorruptSpool(path, at.offset, "no frame header here")
-        data = fs.pread(fd, peek[1], at.offset)
-    finally:
+    except BaseException:
         fs.close(fd)
-    result = parse_frame(data, 0, segment_salt(header))
+        raise
+    return fd, segment_salt(header)
+
+
+# Most frames read alone (envelopes, inline bodies) fit one read of this size; a longer
+# frame takes a second read for the rest.
+FIRST_READ: Final = 16 * 1024
+
+
+def frame_in(fs: FileSystem, fd: int, path: str, offset: int, salt: int) -> Frame:
+    """The checked frame at ``offset`` of the segment open as ``fd`` (named ``path`` in
+    errors): ``CorruptSpool`` if there is none whole and sound."""
+    data = fs.pread(fd, FIRST_READ, offset)
+    peek = peek_header(data, 0)
+    if not isinstance(peek, tuple):
+        raise CorruptSpool(path, offset, "no frame header here")
+    if peek[1] > len(data) and len(data) == FIRST_READ:
+        data += fs.pread(fd, peek[1] - len(data), offset + len(data))
+    result = parse_frame(data[: peek[1]], 0, salt)
     if not isinstance(result, Frame):
         reason = result.reason if isinstance(result, BadFrame) else "truncated frame"
-        raise CorruptSpool(path, at.offset, reason)
+        raise CorruptSpool(path, offset, reason)
     return result

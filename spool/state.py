@@ -24,6 +24,7 @@ from spool.errors import SpoolClosed, SpoolMisuse
 from spool.fs import FileSystem
 from spool.options import SpoolOptions
 from spool.records import Position
+from spool.segment_files import SegmentFiles
 from spool.writer import LogWriter
 
 
@@ -51,6 +52,8 @@ class SpoolState:
         self.log_dir = os.path.join(path, fmt.LOG_DIR)
         self.body_dir = os.path.join(path, fmt.BODY_DIR)
         self.incoming_dir = os.path.join(path, fmt.INCOMING_DIR)
+        # Read descriptors of the segments, for bodies read one at a time.
+        self.segment_files = SegmentFiles(fs, self.log_dir)
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.counts: collections.Counter[str] = collections.Counter()

@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
         "delivery_log",
         "histogram",
     },
-    {"reader", "writer", "positions", "lock", "directory"},
+    {"reader", "writer", "positions", "lock", "directory", "segment_files"},
     {
         "options",
         "arguments",
