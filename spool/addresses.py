@@ -42,9 +42,26 @@ _QUOTED_STRING = re.compile(
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
 _ADDRESS_LITERAL = re.compile(r"\[[\x21-\x5a\x5e-\x7e]+\]\Z")
 
+# The common case in one match: an ASCII dot-string of at most 64 characters, "@", and LDH
+# labels. Everything it matches passes every check of ``check_mailbox`` (a property test
+# holds the two together); anything else takes the checks one by one.
+_ASCII_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+_ASCII_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_PLAIN_MAILBOX = re.compile(
+    rf"(?=[^@]{{1,{LOCAL_PART_MAX}}}@){_ASCII_ATEXT}+(?:\.{_ASCII_ATEXT}+)*"
+    rf"@(?:{_ASCII_LABEL}\.)*{_ASCII_LABEL}\Z"
+)
+
 
 def check_mailbox(address: object) -> str:
     """Return ``address`` if it is a valid RFC 5321 mailbox, else raise InvalidAddress."""
+    if type(address) is str and len(address) <= PATH_MAX and _PLAIN_MAILBOX.match(address):
+        return address  # ASCII: characters are octets, and the domain fits in the path
+    return check_mailbox_fully(address)
+
+
+def check_mailbox_fully(address: object) -> str:
+    """``check_mailbox`` without its one-match path for plain ASCII mailboxes."""
     if not isinstance(address, str):
         raise InvalidAddress(address, "an address must be a str")
     if any(c in address for c in "\r\n\x00"):
@@ -120,7 +137,9 @@ def mailbox_key(address: str) -> str:
     """The identity of a checked mailbox for duplicate detection: domains are compared in
     A-labels and not case sensitive (RFC 5321 2.4), local parts are kept as written (only
     the destination host may interpret them)."""
-    local = address.rpartition("@")[0]
+    local, _, domain = address.rpartition("@")
+    if domain.isascii():
+        return f"{local}@{domain.lower()}"  # as ``domain_of``: A-labels already
     return f"{local}@{domain_of(address)}"
 
 

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spool import MessageEnvelope
-from spool.addresses import ascii_form, check_mailbox, check_sender, mailbox_key, needs_smtputf8
+from spool.addresses import (
+    ascii_form,
+    check_mailbox,
+    check_mailbox_fully,
+    check_sender,
+    domain_of,
+    mailbox_key,
+    needs_smtputf8,
+)
 from spool.errors import InvalidAddress
 
 VALID = [
@@ -88,3 +98,47 @@ def test_the_envelope_names_the_recipients_that_need_smtputf8() -> None:
     assert plain.smtputf8_recipients == ("jörg@example.org",)
     utf8_sender = MessageEnvelope("6B00000000000000", "ä@example.org", rcpts, 0, 0.0, 1)
     assert utf8_sender.smtputf8_recipients == rcpts
+
+
+_EDGES = 'aZ09.-_+!~@"[]\\ é\r\n\x00'
+
+
+def _verdict(check: object, address: str) -> str | None:
+    try:
+        assert callable(check)
+        return str(check(address))
+    except InvalidAddress as exc:
+        return f"refused: {exc}"
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.one_of(
+        st.text(alphabet=_EDGES, max_size=40),
+        st.builds(
+            lambda local, labels: local + "@" + ".".join(labels),
+            st.text(alphabet="aZ09.-_+!~", min_size=0, max_size=70),
+            st.lists(st.text(alphabet="aZ09-", min_size=0, max_size=66), min_size=1, max_size=6),
+        ),
+    )
+)
+def test_the_plain_ascii_path_decides_as_the_full_checks(address: str) -> None:
+    # The one-match path must accept only what the checks one by one accept, and say so
+    # with the same result; and a mailbox's key must not depend on which path checked it.
+    fast, full = _verdict(check_mailbox, address), _verdict(check_mailbox_fully, address)
+    assert fast == full
+    if not fast.startswith("refused"):
+        local = address.rpartition("@")[0]
+        assert mailbox_key(address) == f"{local}@{domain_of(address)}"
+
+
+def test_the_plain_ascii_path_keeps_the_length_limits() -> None:
+    longest = "l" * 64 + "@" + ".".join(["a" * 63, "a" * 63, "b" * 63])  # 256 octets
+    assert len(longest) == 256 and check_mailbox(longest) == longest
+    for address, why in [
+        (longest + "c", "longer than 256"),
+        ("l" * 65 + "@example.org", "local part longer"),
+        ("bob@" + "a" * 64 + ".org", "labels"),
+    ]:
+        with pytest.raises(InvalidAddress, match=why):
+            check_mailbox(address)
