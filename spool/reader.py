@@ -251,10 +251,6 @@ class TornTail:
     file_size: int
     reason: str
 
-    @property
-    def bytes(self) -> int:
-        return self.file_size - self.at.offset
-
 
 @attrs.frozen
 class SkippedBody:
