@@ -135,6 +135,7 @@ def open_spool(
                     exc.errno,
                 ) from exc
         state = SpoolState(path, fs, options, SpoolTime(clock), archive)
+        started.append(state.segment_files)  # recovery may read bodies through it
         try:
             return _recover_and_start(owner, state, started, settings_changed=changed)
         except OSError as exc:

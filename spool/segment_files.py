@@ -33,9 +33,10 @@ from spool.fs import FileSystem
 from spool.reader import frame_in, open_segment_checked
 from spool.records import Position
 
-# Attempts read bodies in queue order, from the oldest few segments; outcomes and body
-# promotions read a few more.
-KEEP_OPEN: Final = 4
+# Attempts read bodies in queue order, from the oldest segment or two. Few, because each
+# is one descriptor fewer for the writer: a process near its limit (RLIMIT_NOFILE) must
+# not fail its writer for the sake of a read.
+KEEP_OPEN: Final = 2
 
 
 @attrs.define

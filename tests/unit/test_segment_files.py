@@ -228,3 +228,47 @@ def test_an_open_spool_holds_no_deleted_segment_open(tmp_path: Path) -> None:
         assert _deleted_segments_held() == []
         assert sp._state.segment_files.open_count <= KEEP_OPEN
     assert _deleted_segments_held() == []
+
+
+def test_a_failed_open_keeps_no_segment_open(tmp_path: Path) -> None:
+    # Found by review: recovery read an inline body through the kept descriptors (the
+    # body of a failed recipient, copied for its bounce), then the open failed at its first
+    # checkpoint (a full disk) and left the descriptor open; a later open deleted the
+    # segment, and this process held its blocks.
+    import errno
+    import subprocess
+    import sys
+
+    from spool.errors import DiskFull
+    from spool.testing import FaultFS
+
+    root = str(tmp_path / "spool")
+    child = (
+        "import os, sys\n"
+        "from spool import Spool\n"
+        "sp = Spool.open(sys.argv[1], outcomes=True, segment_size=4096)\n"
+        "sp.accept('a@example.org', ['b@example.net'], b'Subject: x\\r\\n\\r\\n' + b'x' * 1000)\n"
+        "a = sp.claim(timeout=1)\n"
+        "a.failed(['b@example.net'], '550 5.1.1 no such user')\n"
+        "os._exit(0)\n"  # a crash before the finish record
+    )
+    subprocess.run([sys.executable, "-c", child, root], check=True)
+    fs = FaultFS()
+    fs.fail("rename", err=errno.ENOSPC)
+    with pytest.raises(DiskFull):
+        Spool.open(root, fs=fs)
+    held = [t for t in _log_files_held() if t.startswith(root)]
+    assert held == [], held
+
+
+def _log_files_held() -> list[str]:
+    """Files under a ``log/`` directory this process holds open."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if f"{os.sep}{fmt.LOG_DIR}{os.sep}" in target:
+            held.append(target)
+    return held
