@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 
 import attrs
 
@@ -31,6 +32,7 @@ from spool.reader import list_segments
 from spool.records import Position
 from spool.scheduling import Scheduler
 from spool.state import SpoolState
+from spool.writer import WAIT_MAX
 
 
 class Checkpointer:
@@ -239,16 +241,17 @@ class Checkpointer:
         self._thread.start()
 
     def _loop(self) -> None:
+        # It waits on an event of its own, not on the spool's condition: that one is
+        # notified for every durable batch and every closed attempt, and waking this
+        # thread each time cost the callers a thread switch apiece.
         state = self.state
+        due = state.checkpoint_due
         while True:
+            deadline = time.monotonic() + state.options.checkpoint_interval
+            while not due.is_set() and (left := deadline - time.monotonic()) > 0:
+                due.wait(min(left, WAIT_MAX))
+            due.clear()
             with state.lock:
-                state.cond.wait_for(
-                    lambda: (
-                        state.closed
-                        or self.scheduler.since_checkpoint >= state.options.checkpoint_every
-                    ),
-                    timeout=state.options.checkpoint_interval,
-                )
                 if state.closed:
                     return
             with contextlib.suppress(SpoolError):

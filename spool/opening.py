@@ -86,6 +86,7 @@ class OpenedSpool:
         with st.lock:
             st.closed = True
             st.cond.notify_all()
+        st.checkpoint_due.set()
         self.checkpointer.join()
         st.writer.close()
         self.scheduler.close()

@@ -297,6 +297,7 @@ class LogCursor:
         self._salt = 0
         self._scanner = Scanner()
         self._size = -1
+        self._size_whole = False
         self._limit: Position | None = None
         self._live = live
         self.torn: TornTail | None = None
@@ -324,6 +325,7 @@ class LogCursor:
             return False
         self._fd, self._fd_segment = fd, segment
         self._size = -1  # the file's size when last asked (it only grows)
+        self._size_whole = False  # ... asked once the durable end was in a later segment
         header = self._fs.pread(fd, fmt.SEGMENT_HEADER_SIZE, 0)
         problem = check_segment_header(header, segment, path)
         if problem is not None:
@@ -476,8 +478,14 @@ class LogCursor:
                 # The file was already seen to reach the limit (a durable end): no need to
                 # ask again for every frame a runner reads.
                 end_in_file = limit.offset
+            elif limit is not None and limit.segment > pos.segment and self._size_whole:
+                # Its size was taken once the durable end had moved past it: the writer
+                # starts a segment only after the one before is whole (W3), so it no
+                # longer grows (a runner trailing its retry interval reads such segments).
+                end_in_file = self._size
             else:
                 self._size = end_in_file = self._fs.size(self._fd)
+                self._size_whole = limit is not None and limit.segment > pos.segment
                 if limit is not None and limit.segment == pos.segment:
                     end_in_file = min(end_in_file, limit.offset)
             if pos.offset >= end_in_file:

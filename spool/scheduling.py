@@ -76,7 +76,7 @@ class Scheduler:
         runner."""
         self.since_checkpoint += 1
         if self.since_checkpoint == self.state.options.checkpoint_every:
-            self.state.cond.notify_all()
+            self.state.checkpoint_due.set()
         start, end = self.state.writer.enqueue(parts)
         if envelope_class is not None:
             self.note_envelope(envelope_class, start)

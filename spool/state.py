@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+from collections.abc import Callable
 
 import attrs
 
@@ -26,6 +27,23 @@ from spool.options import SpoolOptions
 from spool.records import Position
 from spool.segment_files import SegmentFiles
 from spool.writer import LogWriter
+
+
+class ListenedCondition(threading.Condition):
+    """The spool's condition: ``notify_all`` (something changed: a batch became durable,
+    an attempt closed, an operator acted) also calls each of ``listeners``. An awaited
+    claim on an asyncio loop cannot wait on a thread condition; its listener wakes the
+    loop instead (``async_spool.py``). Listeners run with the spool's lock held: they must
+    be quick and take no lock of the spool's."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        super().__init__(lock)
+        self.listeners: list[Callable[[], None]] = []
+
+    def notify_all(self) -> None:
+        super().notify_all()
+        for listener in self.listeners:
+            listener()
 
 
 class SpoolState:
@@ -55,10 +73,13 @@ class SpoolState:
         # Read descriptors of the segments, for bodies read one at a time.
         self.segment_files = SegmentFiles(fs, self.log_dir)
         self.lock = threading.RLock()
-        self.cond = threading.Condition(self.lock)
+        self.cond = ListenedCondition(self.lock)
         self.counts: collections.Counter[str] = collections.Counter()
         self.closed = False
         self.closing = False  # close() has begun: no attempt starts from now on
+        # Set when ``checkpoint_every`` records were appended, or the spool closes: wakes
+        # the checkpoint thread (``checkpoints.py``).
+        self.checkpoint_due = threading.Event()
 
     def check_process(self) -> None:
         """Refuse use from a forked child: parent and child would append at the same
