@@ -16,15 +16,17 @@ actions and ``list``/``show``/``statistics`` (a walk of the log each; not hot pa
 Every call takes the spool's lock as the blocking forms do (held for microseconds, a
 segment walk at most).
 
-``claim`` with a timeout polls the runners at most every ``CLAIM_POLL`` seconds (sooner
-when the next deferred message is due): waking asyncio waiters from the spool's thread
-condition would cost a thread per waiter, which this module exists to avoid.
+``claim`` with a timeout waits on the loop without a thread: the spool's condition calls a
+listener (``state.ListenedCondition``) that wakes the loop when anything changes (a batch
+durable, an attempt closed, an operator's action), and the claim looks again then, or
+when the next deferred message is due, whichever comes first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import os
 from collections.abc import Iterable
 from typing import Any, Final
@@ -38,7 +40,30 @@ from spool.records import Position
 from spool.spool import Spool
 from spool.statistics import SpoolStatistics
 
-CLAIM_POLL: Final = 0.05  # seconds between looks for due mail while ``claim`` waits
+# The longest a waiting claim sleeps without looking again (a change missed can cost no
+# more than this; none should be missed).
+CLAIM_LOOK_MAX: Final = 1.0
+
+
+class _Changes:
+    """What wakes the claims awaited on one loop: a future completed, on that loop, each
+    time the spool's condition is notified while a claim waits."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.next: asyncio.Future[None] = loop.create_future()
+        self.waiting = 0  # claims that look or wait now (only the loop changes it)
+
+    def listener(self) -> None:
+        """The spool's condition was notified (any thread, the spool's lock held)."""
+        if self.waiting:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        fired, self.next = self.next, self._loop.create_future()
+        if not fired.done():
+            fired.set_result(None)
 
 
 class AsyncSpool:
@@ -48,6 +73,18 @@ class AsyncSpool:
 
     def __init__(self, spool: Spool) -> None:
         self.spool = spool
+        self._changes: dict[asyncio.AbstractEventLoop, _Changes] = {}
+
+    def _changes_here(self) -> _Changes:
+        """The waker of this loop's claims, registered with the spool on first use."""
+        loop = asyncio.get_running_loop()
+        changes = self._changes.get(loop)
+        if changes is None:
+            changes = self._changes[loop] = _Changes(loop)
+            st = self.spool._state
+            with st.lock:
+                st.cond.listeners.append(changes.listener)
+        return changes
 
     @classmethod
     async def open(cls, directory: str | os.PathLike[str], **options: Any) -> AsyncSpool:
@@ -74,26 +111,33 @@ class AsyncSpool:
         st.check_process()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + check_seconds(timeout, "timeout")
+        changes = self._changes_here()
         synced = False
-        while True:
-            with st.lock:
-                st.check_open()
-                book.close_abandoned()
-                found = book.claim_next()
-                if isinstance(found, Attempt):
-                    return AsyncSpoolAttempt(self, found)
-                tail = st.writer.tail
-                behind = st.writer.durable < tail
-                wake = None if found is None else max(0.0, found - st.now())
-            if behind and not synced:
-                # Runners read only the durable log (as ``Spool.claim``): flush once.
-                await self._durable(tail)
-                synced = True
-                continue
-            left = deadline - loop.time()
-            if left <= 0:
-                return None
-            await asyncio.sleep(min(left, CLAIM_POLL, CLAIM_POLL if wake is None else wake))
+        changes.waiting += 1  # before the first look: a change after it must wake the wait
+        try:
+            while True:
+                changed = changes.next
+                with st.lock:
+                    st.check_open()
+                    book.close_abandoned()
+                    found = book.claim_next()
+                    if isinstance(found, Attempt):
+                        return AsyncSpoolAttempt(self, found)
+                    tail = st.writer.tail
+                    behind = st.writer.durable < tail
+                    wake = None if found is None else max(0.0, found - st.now())
+                if behind and not synced:
+                    # Runners read only the durable log (as ``Spool.claim``): flush once.
+                    await self._durable(tail)
+                    synced = True
+                    continue
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                sleep = min(left, CLAIM_LOOK_MAX, CLAIM_LOOK_MAX if wake is None else wake)
+                await asyncio.wait([changed], timeout=sleep)
+        finally:
+            changes.waiting -= 1
 
     async def sync(self) -> None:
         """``Spool.sync``: everything written so far durable."""
@@ -135,7 +179,17 @@ class AsyncSpool:
 
     async def close(self) -> None:
         """``Spool.close`` in a worker thread."""
+        self.detach()
         await asyncio.to_thread(self.spool.close)
+
+    def detach(self) -> None:
+        """Stop listening to the spool (for a spool that stays open after this wrapper)."""
+        st = self.spool._state
+        with st.lock:
+            for changes in self._changes.values():
+                with contextlib.suppress(ValueError):
+                    st.cond.listeners.remove(changes.listener)
+        self._changes.clear()
 
     async def __aenter__(self) -> AsyncSpool:
         return self

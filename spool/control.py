@@ -6,20 +6,30 @@ closes them (their unreported recipients deferred, as an attempt that is closed 
 reports is). Every argument is checked for its type here, before the spool sees it; the
 spool then checks values as it does for an embedder, so a bad request changes nothing.
 
-Thread-safe: the owner serves the requests of one connection from several threads.
+The owner serves its connections from one asyncio loop (``owner.py``): ``serve`` answers
+the requests that wait for the disk (``accept``, the reports, ``settle``, ``sync``) by
+staging their records and awaiting the log writer's durable future, as ``AsyncSpool``
+does, so no thread waits per request; what is quick and never waits for the disk is
+answered on the loop; what walks the log or may wait long (``list``, ``act``,
+``checkpoint``, a claim that has to wait for work) runs in a worker thread.
+
+Thread-safe: the loop and those threads share a session (its own lock guards its
+attempts).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import attrs
 
 from spool import records as rec
+from spool.async_spool import AsyncSpool
 from spool.attempts import Attempt
 from spool.errors import ProtocolError, SpoolError, SpoolMisuse, UnknownMessage
 from spool.operator import OperatorAction
@@ -36,6 +46,9 @@ CLAIM_BATCH_MAX: Final = 64
 CLAIM_DATA_MAX: Final = 1024 * 1024
 REPORT_STATUSES: Final = (rec.DELIVERED, rec.FAILED, rec.DEFERRED)
 REPORT_FIELDS: Final = ("status", "recipients", "reply")  # a settle group's order
+# Answered on the owner's loop as they are: quick, and never waiting for the disk (a
+# close that applies an operator's mark waits for one batch: rare, and short).
+ON_THE_LOOP: Final = frozenset({"hello", "status", "smtp_tally", "close_attempt"})
 
 
 def _with_data(claimed: list[Attempt]) -> list[dict[str, Any]]:
@@ -115,6 +128,7 @@ class Session:
         owner_info: Callable[[], dict[str, Any]],
         stopping: threading.Event | None = None,
         tallies: SmtpTallies | None = None,
+        async_spool: AsyncSpool | None = None,
     ) -> None:
         self.spool = spool
         self.peer = peer
@@ -124,30 +138,42 @@ class Session:
         self._lock = threading.Lock()
         self._attempts: dict[str, Attempt] = {}
         self._claimed_at: dict[str, float] = {}  # time.monotonic() of each claim
+        # Blocking: answered on the loop (``ON_THE_LOOP``) or in a worker thread.
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "hello": self._hello,
-            "accept": self._accept,
-            "claim": self._claim,
-            "read_data": self._read_data,
-            "report": self._report,
             "close_attempt": self._close_attempt,
-            "settle": self._settle,
             "list": self._list,
             "act": self._act,
             "retry_now": self._retry_now,
             "statistics": self._statistics,
-            "sync": self._sync,
             "checkpoint": self._checkpoint,
             "status": self._status,
             "smtp_tally": self._smtp_tally,
         }
+        # One for all the owner's sessions: it registers one waker with the spool per loop.
+        self._async_spool = async_spool if async_spool is not None else AsyncSpool(spool)
+        # Answered on the loop: they wait for the disk only through the writer's futures.
+        self._awaited: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
+            "accept": self._accept,
+            "claim": self._claim,
+            "report": self._report,
+            "settle": self._settle,
+            "sync": self._sync,
+            "read_data": self._read_data,
+        }
 
-    def handle(self, op: str, args: dict[str, Any]) -> Any:
-        """The result of ``op``; a ``SpoolError`` if it cannot be done (nothing changed)."""
-        serve = self._ops.get(op)
-        if serve is None:
+    async def serve(self, op: str, args: dict[str, Any]) -> Any:
+        """The result of ``op``; a ``SpoolError`` if it cannot be done (nothing changed).
+        Runs on the owner's event loop, which it never blocks on the disk."""
+        awaited = self._awaited.get(op)
+        if awaited is not None:
+            return await awaited(args)
+        blocking = self._ops.get(op)
+        if blocking is None:
             raise ProtocolError(f"unknown operation {op!r}")
-        return serve(args)
+        if op in ON_THE_LOOP:
+            return blocking(args)
+        return await asyncio.to_thread(blocking, args)
 
     def in_flight(self) -> list[str]:
         """The messages this connection has claimed and not closed."""
@@ -187,42 +213,6 @@ class Session:
             raise ProtocolError(f"this owner speaks protocol version {VERSION} only")
         return {"version": VERSION, **self._owner_info()}
 
-    def _accept(self, args: dict[str, Any]) -> str:
-        sender = _arg(args, "sender", str)
-        recipients = _texts(args, "recipients")
-        data = _arg(args, "data", bytes)
-        return self.spool.accept(sender, recipients, data)
-
-    def _claim(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        wait = _seconds(args, "timeout", CLAIM_WAIT_MAX)
-        most = _arg(args, "max", int)
-        if not 1 <= most <= CLAIM_BATCH_MAX:  # (never printed: it may be any size)
-            raise SpoolMisuse(f"max must be 1 to {CLAIM_BATCH_MAX}")
-        with_data = _arg(args, "data", bool) if "data" in args else False
-        claimed: list[Attempt] = []
-        first = self._first_claim(CLAIM_WAIT_MAX if wait is None else wait)
-        while first is not None:
-            claimed.append(first)
-            first = self.spool.claim() if len(claimed) < most else None
-        now = time.monotonic()
-        with self._lock:
-            for attempt in claimed:
-                self._attempts[attempt.msg_id] = attempt
-                self._claimed_at[attempt.msg_id] = now
-        return _with_data(claimed) if with_data else [attrs.asdict(a.envelope) for a in claimed]
-
-    def _first_claim(self, wait: float) -> Attempt | None:
-        """``Spool.claim(wait)``, but none once the owner's stop begins: a claim waiting
-        for work looks every ``STOP_CHECK`` seconds, so that it does not hold the stop
-        up for the rest of its wait (up to ``CLAIM_WAIT_MAX``)."""
-        deadline = time.monotonic() + wait
-        while not self._stopping.is_set():
-            left = deadline - time.monotonic()
-            attempt = self.spool.claim(max(0.0, min(left, STOP_CHECK)))
-            if attempt is not None or left <= STOP_CHECK:
-                return attempt
-        return None
-
     def _attempt(self, args: dict[str, Any]) -> Attempt:
         msg_id = _arg(args, "msg_id", str)
         with self._lock:
@@ -231,20 +221,74 @@ class Session:
             raise UnknownMessage(msg_id, "this connection's attempts")
         return attempt
 
-    def _read_data(self, args: dict[str, Any]) -> bytes:
-        return self._attempt(args).read_data()
+    async def _read_data(self, args: dict[str, Any]) -> bytes:
+        """An inline body on the loop (one ``pread``); a body file in a worker thread."""
+        attempt = self._attempt(args)
+        if attempt._flight.body.kind == rec.BODY_FILE:
+            return await asyncio.to_thread(attempt.read_data)
+        return attempt.read_data()
 
-    def _report(self, args: dict[str, Any]) -> None:
+    def _close_attempt(self, args: dict[str, Any]) -> None:
+        attempt = self._attempt(args)
+        attempt.close()
+        with self._lock:
+            self._attempts.pop(attempt.msg_id, None)
+            self._claimed_at.pop(attempt.msg_id, None)
+            self.peer.attempts_done += 1
+
+    async def _accept(self, args: dict[str, Any]) -> str:
+        sender = _arg(args, "sender", str)
+        recipients = _texts(args, "recipients")
+        data = _arg(args, "data", bytes)
+        return await self._async_spool.accept(sender, recipients, data)
+
+    async def _claim(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        """Up to ``max`` attempts, waiting up to ``timeout`` for the first (on the loop: the
+        spool wakes it when anything changes). With ``data``, their bodies too
+        (``_with_data``)."""
+        wait = _seconds(args, "timeout", CLAIM_WAIT_MAX)
+        most = _arg(args, "max", int)
+        if not 1 <= most <= CLAIM_BATCH_MAX:  # (never printed: it may be any size)
+            raise SpoolMisuse(f"max must be 1 to {CLAIM_BATCH_MAX}")
+        with_data = _arg(args, "data", bool) if "data" in args else False
+        claimed: list[Attempt] = []
+        first = await self._first_claim(CLAIM_WAIT_MAX if wait is None else wait)
+        while first is not None:
+            claimed.append(first)
+            with self._lock:  # each at once: a later claim that fails must not orphan it
+                self._attempts[first.msg_id] = first
+                self._claimed_at[first.msg_id] = time.monotonic()
+            found = await self._async_spool.claim(0) if len(claimed) < most else None
+            first = None if found is None else found.attempt
+        if not with_data:
+            return [attrs.asdict(a.envelope) for a in claimed]
+        if any(a._flight.body.kind == rec.BODY_FILE for a in claimed):
+            return await asyncio.to_thread(_with_data, claimed)  # files of their own
+        return _with_data(claimed)
+
+    async def _first_claim(self, wait: float) -> Attempt | None:
+        """A claim waiting up to ``wait`` seconds, but none once the owner's stop begins:
+        it looks every ``STOP_CHECK`` seconds, so that it does not hold the stop up for the
+        rest of its wait (up to ``CLAIM_WAIT_MAX``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while not self._stopping.is_set():
+            left = deadline - loop.time()
+            found = await self._async_spool.claim(max(0.0, min(left, STOP_CHECK)))
+            if found is not None or left <= STOP_CHECK:
+                return None if found is None else found.attempt
+        return None
+
+    async def _report(self, args: dict[str, Any]) -> None:
         attempt = self._attempt(args)
         status, recipients, reply = _report_group(args)
-        report = {
-            rec.DELIVERED: attempt.delivered,
-            rec.FAILED: attempt.failed,
-            rec.DEFERRED: attempt.deferred,
-        }[status]
-        report(recipients, reply)
+        book = attempt._book
+        end, logged = book.stage_report(attempt._flight, status, recipients, reply)
+        if end is not None:
+            await self._durable(end)
+        logged()
 
-    def _settle(self, args: dict[str, Any]) -> None:
+    async def _settle(self, args: dict[str, Any]) -> None:
         """Report each group of recipients, then close: ``report``s and ``close_attempt``
         in one round trip, the delivered and failed ones durable before the reply (one
         wait for all of them). A refused group is answered as an error once the groups
@@ -256,7 +300,7 @@ class Session:
             if type(group) is not list or len(group) != 3:
                 raise ProtocolError("each report is [status, recipients, reply]")
             checked.append(_report_group(dict(zip(REPORT_FIELDS, group, strict=True))))
-        book, flight = attempt._book, attempt._flight  # as AsyncSpool stages its reports
+        book, flight = attempt._book, attempt._flight
         ends: list[Position] = []
         logs = []
         try:
@@ -267,18 +311,16 @@ class Session:
                     ends.append(end)
         finally:
             if ends:
-                book.state.writer.wait_durable(max(ends))  # the commit point of them all
+                await self._durable(max(ends))  # the commit point of them all
             for logged in logs:
                 logged()
         self._close_attempt(args)
 
-    def _close_attempt(self, args: dict[str, Any]) -> None:
-        attempt = self._attempt(args)
-        attempt.close()
-        with self._lock:
-            self._attempts.pop(attempt.msg_id, None)
-            self._claimed_at.pop(attempt.msg_id, None)
-            self.peer.attempts_done += 1
+    async def _sync(self, args: dict[str, Any]) -> None:
+        await self._async_spool.sync()
+
+    async def _durable(self, end: Position) -> None:
+        await asyncio.wrap_future(self.spool._state.writer.durable_future(end))
 
     def _list(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         return [attrs.asdict(entry, recurse=False) for entry in self.spool.list()]
@@ -303,9 +345,6 @@ class Session:
 
     def _statistics(self, args: dict[str, Any]) -> dict[str, Any]:
         return attrs.asdict(self.spool.statistics())
-
-    def _sync(self, args: dict[str, Any]) -> None:
-        self.spool.sync()
 
     def _checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
         before = self.spool.statistics().checkpoints

@@ -2,9 +2,12 @@
 
 The owner opens the spool (recovery), serves the control socket (``control.py`` answers
 each request, ``protocol.py`` frames them) and supervises the delivery workers
-(``supervisor.py``). One thread accepts connections; each connection has a reader thread
-and up to ``REQUESTS_IN_FLIGHT`` requests served at once by its own pool of threads, so a
-slow or stuck client holds up only itself: the owner never blocks on a worker.
+(``supervisor.py``). One asyncio loop, in a thread of its own, accepts the connections and
+reads their requests; each connection has up to ``REQUESTS_IN_FLIGHT`` requests in hand
+(the loop reads no more of it beyond that), so a slow or stuck client holds up only
+itself: the owner never blocks on a worker. Requests that wait for the disk await the log
+writer's durable futures, so no thread waits per request, and a batch's fsync wakes the
+loop once (``control.py`` says which requests run in worker threads).
 
 Security: the socket is made 0600 before it takes its name (bound under a temporary name,
 then renamed), and every connection's peer uid (``SO_PEERCRED``) must be the owner's or
@@ -17,15 +20,13 @@ the spool's lock, so no other owner can be serving it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import functools
 import logging
 import os
-import queue
 import socket
 import struct
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Final
@@ -33,6 +34,7 @@ from typing import Any, Final
 import attrs
 
 from spool import format as fmt
+from spool.async_spool import AsyncSpool
 from spool.client import UnixAddress, socket_path
 from spool.control import Peer, Session
 from spool.errors import PeerRefused, ProtocolError, SpoolError
@@ -40,7 +42,6 @@ from spool.protocol import DEFAULT_MAX_FRAME, Decoder, ErrorReply, Reply, Reques
 from spool.smtp_tally import SmtpTallies
 from spool.spool import Spool
 
-ACCEPT_RETRY: Final = 0.1  # seconds before accepting again after a failure (EMFILE)
 REQUESTS_IN_FLIGHT: Final = 32  # per connection; the reader waits beyond this
 STOP_JOIN: Final = 10.0  # seconds a stop waits for the requests in hand, all connections
 # Requests whose reply may be as large as a message (a body, the queue's list), answered at
@@ -69,13 +70,14 @@ def peer_allowed(peer_uid: int, owner_uid: int) -> bool:
 
 @attrs.define
 class Connection:
-    sock: socket.socket
+    sock: Any  # the connection's socket (asyncio's ``TransportSocket``)
     session: Session
-    thread: threading.Thread | None = None
+    task: asyncio.Task[None] | None = None
 
 
 class ControlServer:
-    """Serves the control socket of an open spool until ``stop``."""
+    """Serves the control socket of an open spool until ``stop``, from one asyncio loop
+    in a thread of its own (``start``)."""
 
     def __init__(
         self,
@@ -95,7 +97,12 @@ class ControlServer:
         self._stopping = threading.Event()
         self.path = socket_path(spool.path)
         self._listener = self._bind()
-        self._acceptor = threading.Thread(target=self._accept_loop, name="control-accept")
+        self._async_spool = AsyncSpool(spool)  # the sessions' awaitable calls
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._run, name="control-loop", daemon=True)
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
 
     def _bind(self) -> socket.socket:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -112,7 +119,27 @@ class ControlServer:
         return listener
 
     def start(self) -> None:
-        self._acceptor.start()
+        """Serve from now on (returns once the loop listens)."""
+        self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_unix_server(self._serve, sock=self._listener, limit=1 << 20)
+            )
+        except BaseException as e:
+            self._start_error = e
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
 
     def sessions(self) -> list[Session]:
         with self._lock:
@@ -126,21 +153,32 @@ class ControlServer:
     def stop(self) -> None:
         """Stop accepting, drop every connection (their attempts closed), remove the socket."""
         self._stopping.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        if self._acceptor.ident is not None:  # started (a start that failed before it: not)
-            self._acceptor.join(timeout=5)
+        if self._thread.ident is None or self._server is None:  # never served
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return
+        ended = asyncio.run_coroutine_threadsafe(self._shut_down(), self._loop)
+        with contextlib.suppress(Exception):
+            ended.result(timeout=STOP_JOIN + 5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._async_spool.detach()
+
+    async def _shut_down(self) -> None:
+        """On the loop: close the listener, remove the socket, end every connection and
+        wait (``STOP_JOIN`` in all) for the requests in hand to be answered."""
+        assert self._server is not None
+        self._server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         with self._lock:
             connections = list(self._connections.values())
         for c in connections:
             _shut(c.sock)
-        deadline = time.monotonic() + STOP_JOIN  # for all of them, not each in turn
-        for c in connections:
-            if c.thread is not None:
-                c.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        tasks = [c.task for c in connections if c.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_JOIN)
 
     def drop(self, pid: int) -> None:
         """Drop the connections of process ``pid`` (a worker killed for its lease)."""
@@ -149,29 +187,13 @@ class ControlServer:
         for c in connections:
             _shut(c.sock)
 
-    def _accept_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except OSError as e:
-                if self._stopping.is_set():
-                    return
-                # Out of descriptors (EMFILE) or the like: say so, wait, go on serving.
-                log.error("accepting a connection failed: %s; retrying", e)
-                self._stopping.wait(ACCEPT_RETRY)
-                continue
-            try:
-                threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
-            except RuntimeError as e:  # no thread to be had: refuse this one, keep going
-                log.error("cannot serve a connection: %s", e)
-                sock.close()
-
-    def _serve(self, sock: socket.socket) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
         try:
             peer = peer_of(sock)
         except OSError as e:  # the peer already gone: nothing to serve
             log.warning("a connection ended before it could be identified: %s", e)
-            sock.close()
+            writer.close()
             return
         if not peer_allowed(peer.uid, self._allowed_uid):
             log.warning("refused a connection from uid %d (pid %d)", peer.uid, peer.pid)
@@ -179,36 +201,39 @@ class ControlServer:
                 f"uid {peer.uid} may not use this spool: only its owner's user "
                 f"(uid {self._allowed_uid}) and root may"
             )
-            _send(sock, threading.Lock(), ErrorReply(0, type(error).__name__, str(error)))
-            sock.close()
+            await _send(writer, ErrorReply(0, type(error).__name__, str(error)))
+            writer.close()
             return
-        session = Session(self.spool, peer, self._owner_info, self._stopping, self.tallies)
-        connection = Connection(sock, session, threading.current_thread())
+        session = Session(
+            self.spool, peer, self._owner_info, self._stopping, self.tallies, self._async_spool
+        )
+        connection = Connection(sock, session, asyncio.current_task())
         with self._lock:
             self._connections[id(connection)] = connection
         try:
-            self._read_requests(sock, session)
+            await self._read_requests(reader, writer, session)
         finally:
             with self._lock:
                 self._connections.pop(id(connection), None)
-            session.close(crashed=not self._stopping.is_set())
-            sock.close()
+            # Closing its attempts may wait for a batch (a close that applies an
+            # operator's mark): not on the loop.
+            await asyncio.to_thread(session.close, crashed=not self._stopping.is_set())
+            writer.close()
 
-    def _read_requests(self, sock: socket.socket, session: Session) -> None:
+    async def _read_requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: Session
+    ) -> None:
         decoder = Decoder(self._max_frame)
-        send_lock = threading.Lock()
-        slots = threading.BoundedSemaphore(REQUESTS_IN_FLIGHT)
-        large = threading.BoundedSemaphore(LARGE_REPLIES_IN_FLIGHT)
-        # The connection's request threads, started as needed and kept for its next
-        # requests (a thread per request cost the owner more than the request itself).
-        pool = RequestThreads(REQUESTS_IN_FLIGHT)
+        slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        large = asyncio.Semaphore(LARGE_REPLIES_IN_FLIGHT)
+        answering: set[asyncio.Task[None]] = set()
         try:
             # Read until the connection ends (``stop`` shuts it), not until the stop
             # begins: a worker settles the message in hand during its grace, and a report
             # left unread would defer a recipient its agent had delivered.
             while True:
                 try:
-                    data = sock.recv(1 << 20)
+                    data = await reader.read(1 << 20)
                 except OSError:
                     return
                 if not data:
@@ -219,26 +244,26 @@ class ControlServer:
                         raise ProtocolError("a client sends requests only")
                 except ProtocolError as e:
                     log.warning("pid %d: %s; connection closed", session.peer.pid, e)
-                    _send(sock, send_lock, ErrorReply(0, "ProtocolError", str(e)))
+                    await _send(writer, ErrorReply(0, "ProtocolError", str(e)))
                     return
                 for message in messages:
                     assert isinstance(message, Request)
                     held = [slots] + ([large] if message.op in LARGE_REPLY_OPS else [])
                     for semaphore in held:
-                        semaphore.acquire()
-                    pool.run(functools.partial(
-                        self._answer, sock, send_lock, held, session, message
-                    ))  # fmt: skip
+                        await semaphore.acquire()
+                    task = asyncio.create_task(self._answer(writer, held, session, message))
+                    answering.add(task)
+                    task.add_done_callback(answering.discard)
         finally:
             # Requests already taken are answered (or their attempts recorded) before the
             # session closes its attempts, so no claim outlives its connection.
-            pool.finish()
+            if answering:
+                await asyncio.wait(list(answering))
 
-    def _answer(
+    async def _answer(
         self,
-        sock: socket.socket,
-        send_lock: threading.Lock,
-        held: list[threading.BoundedSemaphore],
+        writer: asyncio.StreamWriter,
+        held: list[asyncio.Semaphore],
         session: Session,
         request: Request,
     ) -> None:
@@ -247,68 +272,35 @@ class ControlServer:
         try:
             try:
                 answer: Reply | ErrorReply = Reply(
-                    request.id, session.handle(request.op, request.args)
+                    request.id, await session.serve(request.op, request.args)
                 )
             except SpoolError as e:
                 answer = ErrorReply(request.id, type(e).__name__, str(e))
             except Exception as e:  # a bug: answer it, log it, keep the owner up
                 log.error("request %s failed:\n%s", request.op, traceback.format_exc())
                 answer = ErrorReply(request.id, "SpoolError", f"internal error: {e!r}")
-            _send(sock, send_lock, answer)
+            await _send(writer, answer)
         finally:
             for semaphore in held:
                 semaphore.release()
 
 
-class RequestThreads:
-    """One connection's request threads: started as requests need them, up to ``most``,
-    and kept for the next ones. Daemon threads, as a stuck request must never hold up the
-    owner's exit (a pool of the standard library's joins its threads at exit)."""
-
-    def __init__(self, most: int) -> None:
-        self._most = most
-        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._idle = 0
-        self._lock = threading.Lock()
-
-    def run(self, task: Callable[[], None]) -> None:
-        """Run ``task`` on an idle thread, or a new one (the caller bounds how many run)."""
-        with self._lock:
-            if self._idle:
-                self._idle -= 1
-            elif len(self._threads) < self._most:
-                thread = threading.Thread(target=self._serve, name="control-request", daemon=True)
-                thread.start()
-                self._threads.append(thread)
-        self._tasks.put(task)
-
-    def _serve(self) -> None:
-        while (task := self._tasks.get()) is not None:
-            task()
-            with self._lock:
-                self._idle += 1
-
-    def finish(self) -> None:
-        """Wait for the tasks given, then end the threads."""
-        for _ in self._threads:
-            self._tasks.put(None)
-        for thread in self._threads:
-            thread.join()
-
-
-def _send(sock: socket.socket, lock: threading.Lock, message: Reply | ErrorReply) -> None:
+async def _send(writer: asyncio.StreamWriter, message: Reply | ErrorReply) -> None:
+    """Write one reply (whole: the loop writes one frame at a time) and wait while the
+    client is slow to read it."""
     try:
         frame = encode(message)
     except Exception as e:  # a result the codec cannot carry: a bug, answered as one
         frame = encode(ErrorReply(message.id, "SpoolError", f"internal error: {e!r}"))
+    if writer.is_closing():
+        return  # the peer went away; its reader sees the end and closes the session
     try:
-        with lock:
-            sock.sendall(frame)
-    except OSError:
-        pass  # the peer went away; its reader sees the end and closes the session
+        writer.write(frame)
+        await writer.drain()
+    except (OSError, RuntimeError):
+        pass  # as above
 
 
-def _shut(sock: socket.socket) -> None:
+def _shut(sock: Any) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)

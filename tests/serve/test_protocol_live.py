@@ -8,7 +8,6 @@ import shutil
 import socket
 import struct
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 from spool import Spool
 from spool.client import connect, socket_path
 from spool.errors import PeerRefused, ProtocolError
-from spool.owner import ControlServer, RequestThreads, peer_allowed, peer_of
+from spool.owner import ControlServer, peer_allowed, peer_of
 from spool.protocol import HEADER, Decoder, ErrorReply, Reply, Request, encode
 from tests.serve.running import owner
 
@@ -278,18 +277,39 @@ def resident_kib(pid: int) -> int:
     return int(line.split()[1])
 
 
-def test_request_threads_are_kept_for_the_next_requests() -> None:
-    # A thread per request cost the owner more than most requests; now a connection's
-    # threads are reused, as many started as requests ran at once.
-    threads = RequestThreads(32)
-    done: list[int] = []
-    for i in range(50):  # one after another: one thread serves them all
-        finished = threading.Event()
-        threads.run(lambda i=i, finished=finished: (done.append(i), finished.set()))
-        assert finished.wait(10)
-    release = threading.Event()
-    for _ in range(5):  # five at once: five threads
-        threads.run(lambda: release.wait(10) and None)
-    release.set()
-    threads.finish()
-    assert done == list(range(50)) and len(threads._threads) == 5
+def test_requests_waiting_for_the_disk_hold_no_thread_each(tmp_path: Path) -> None:
+    # The owner answers from one event loop: 32 accepts in hand on one connection, all
+    # waiting for a slow fsync, are futures, not 32 threads (the old design's request
+    # threads cost the owner more than the requests themselves).
+    import threading
+
+    from spool.fs import FileSystem
+
+    class SlowSync(FileSystem):
+        def fdatasync(self, fd: int) -> None:
+            super().fdatasync(fd)
+            time.sleep(0.2)
+
+    sp = Spool.open(str(tmp_path / "spool"), fs=SlowSync())
+    server = ControlServer(sp, dict)
+    server.start()
+    try:
+        before = threading.active_count()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(server.path)
+            s.sendall(b"".join(
+                encode(Request(i, "accept", {"sender": "", "recipients": [f"r{i}@e.net"],
+                                             "data": b"x"}))
+                for i in range(1, 33)
+            ))  # fmt: skip
+            time.sleep(0.1)  # all read and waiting for the disk
+            during = threading.active_count()
+            decoder, got = Decoder(), []
+            s.settimeout(30)
+            while len(got) < 32:
+                got += decoder.feed(s.recv(65536))
+        assert all(isinstance(m, Reply) for m in got)
+        assert during - before <= 2, f"{during - before} threads for 32 requests in hand"
+    finally:
+        server.stop()
+        sp.close()

@@ -198,3 +198,35 @@ def test_cancelled_waiters_leave_the_writer_and_every_other_caller_working(
     asyncio.run(run())
     with Spool.open(tmp_path / "spool") as sp:  # the cancelled accepts were staged: kept
         assert len(list(sp.list())) == 8
+
+
+def test_a_waiting_claim_is_woken_by_the_spool_not_by_a_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The spool's condition wakes the loop (a listener), so an awaited claim needs no
+    # thread and no polling: with the longest look between wakes set to a minute, mail
+    # accepted by another thread is still handed out at once, and a claim that waits
+    # for nothing holds no thread.
+    import threading
+
+    from spool import async_spool
+
+    monkeypatch.setattr(async_spool, "CLAIM_LOOK_MAX", 60.0)
+
+    async def run() -> tuple[str | None, str, int, int]:
+        async with await AsyncSpool.open(tmp_path / "spool") as sp:
+            assert await sp.claim(timeout=0.1) is None  # registers the loop's listener
+            threads = threading.active_count()
+            waiting = asyncio.ensure_future(sp.claim(timeout=30))
+            await asyncio.sleep(0.3)
+            during = threading.active_count()
+            msg_id = await asyncio.to_thread(sp.spool.accept, "a@example.org", ["b@e.net"], BODY)
+            attempt = await asyncio.wait_for(waiting, 20)
+            got = None if attempt is None else attempt.msg_id
+            if attempt is not None:
+                await attempt.close()
+            return got, msg_id, threads, during
+
+    got, msg_id, before, during = asyncio.run(run())
+    assert got == msg_id
+    assert during == before, "a waiting claim started a thread"
