@@ -110,3 +110,44 @@ def test_unwritten_sector_inside_the_last_batch_is_a_tear(tmp_path: Path) -> Non
     n, cursor = _frames(tmp_path, durable_end=None)
     assert cursor.torn is not None and cursor.torn.at.offset <= hole
     assert 1 <= n < 9
+
+
+class _SizeCountingFS(CountingFS):
+    def size(self, fd: int) -> int:
+        self._count("size")
+        return super().size(fd)
+
+
+def test_a_live_cursor_asks_a_whole_segments_size_once_and_never_trusts_an_old_one(
+    tmp_path: Path,
+) -> None:
+    # A runner reading behind the segment the durable end is in: that segment no longer
+    # grows (W3), so its size is asked once, not at every frame. A size taken while the
+    # segment was still the newest is asked again once it is whole.
+    # No zeros written ahead: the newest segment's file grows with its frames.
+    w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=4096, write_ahead=0)
+    for _ in range(5):
+        w.append([(fmt.T_CONTROL, b"a" * 100)], durable=True)
+    fs = _SizeCountingFS()
+    cursor = LogCursor(fs, str(tmp_path), Position(1, 0), live=True)
+
+    def records(limit: Position) -> int:
+        n = 0
+        while (item := cursor.next(limit)) is not None:
+            n += isinstance(item[1], Frame) and item[1].type == fmt.T_CONTROL
+        return n
+
+    seen = records(w.durable)  # the newest segment, part written
+    assert seen == 5
+    while w.durable.segment < 3:  # the rest of segment 1, then 2 and some of 3
+        w.append([(fmt.T_CONTROL, b"b" * 100)], durable=True)
+    total = sum(
+        isinstance(f, Frame) and f.type == fmt.T_CONTROL
+        for _, f in LogCursor(CountingFS(), str(tmp_path), Position(1, 0))
+    )
+    sizes = fs.calls["size"]
+    seen += records(w.durable)
+    assert seen == total, "the cursor stopped at a size taken before the segment was whole"
+    assert fs.calls["size"] - sizes <= 6, f"{fs.calls['size'] - sizes} size calls"
+    cursor.close()
+    w.close()
