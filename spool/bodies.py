@@ -220,11 +220,16 @@ def read_inline_body(
     msg_id: str,
     at: Position,
     segments: SegmentFiles | None = None,
+    size: int = 0,
 ) -> bytes:
     """The data of the BODY frame at ``at``, checked to belong to ``msg_id``; read through
     an open spool's ``segments`` if given (its descriptors stay open), else by opening the
-    segment for this read."""
-    frame = read_frame_at(fs, log_dir, at) if segments is None else segments.read_frame(at)
+    segment for this read. ``size``: the body's, when known (then one read)."""
+    hint = fmt.FRAME_HEADER_SIZE + fmt.MSG_ID_LENGTH + size if size else 0
+    if segments is None:
+        frame = read_frame_at(fs, log_dir, at, hint)
+    else:
+        frame = segments.read_frame(at, hint)
     path = os.path.join(log_dir, fmt.segment_name(at.segment))
     if frame.type != fmt.T_BODY:
         raise CorruptSpool(path, at.offset, f"expected a body frame, found type {frame.type}")
@@ -242,5 +247,5 @@ def read_body(
     if ref.kind == BODY_INLINE:
         assert ref.at is not None, "inline body reference not resolved"
         log_dir = os.path.join(root, fmt.LOG_DIR)
-        return read_inline_body(fs, log_dir, msg_id, ref.at, segments)
+        return read_inline_body(fs, log_dir, msg_id, ref.at, segments, ref.size)
     return read_body_file(fs, root, msg_id)

@@ -169,7 +169,12 @@ class BodyKeeper:
             raise AssertionError("inline body reference not resolved")
         try:
             data = read_inline_body(
-                self.state.fs, self.state.log_dir, msg_id, body.at, self.state.segment_files
+                self.state.fs,
+                self.state.log_dir,
+                msg_id,
+                body.at,
+                self.state.segment_files,
+                body.size,
             )
         except CorruptSpool:
             # Damaged: left where it is, for `spool check` to find (a repair bounces it).

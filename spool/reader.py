@@ -569,14 +569,14 @@ class _Stop(Exception):
     """Internal: the cursor hit a torn tail."""
 
 
-def read_frame_at(fs: FileSystem, log_dir: str, at: Position) -> Frame:
+def read_frame_at(fs: FileSystem, log_dir: str, at: Position, size_hint: int = 0) -> Frame:
     """Read and check the single frame at ``at`` (envelopes for attempts, bodies), opening
     its segment for this read alone (an open spool keeps its descriptors open instead:
-    ``segment_files.py``)."""
+    ``segment_files.py``). ``size_hint``: as ``frame_in``."""
     path = os.path.join(log_dir, fmt.segment_name(at.segment))
     fd, salt = open_segment_checked(fs, path, at.segment)
     try:
-        return frame_in(fs, fd, path, at.offset, salt)
+        return frame_in(fs, fd, path, at.offset, salt, size_hint)
     finally:
         fs.close(fd)
 
@@ -600,19 +600,20 @@ def open_segment_checked(fs: FileSystem, path: str, segment: int) -> tuple[int, 
     return fd, segment_salt(header)
 
 
-# Most frames read alone (envelopes, inline bodies) fit one read of this size; a longer
-# frame takes a second read for the rest.
-FIRST_READ: Final = 16 * 1024
-
-
-def frame_in(fs: FileSystem, fd: int, path: str, offset: int, salt: int) -> Frame:
+def frame_in(
+    fs: FileSystem, fd: int, path: str, offset: int, salt: int, size_hint: int = 0
+) -> Frame:
     """The checked frame at ``offset`` of the segment open as ``fd`` (named ``path`` in
-    errors): ``CorruptSpool`` if there is none whole and sound."""
-    data = fs.pread(fd, FIRST_READ, offset)
+    errors): ``CorruptSpool`` if there is none whole and sound. Read with one ``pread``
+    when ``size_hint`` (the frame's size, when the caller knows it: a body's) covers it;
+    else its header first, then the rest (no byte past the frame is read)."""
+    longest = fmt.FRAME_HEADER_SIZE + fmt.FRAME_PAYLOAD_MAX
+    first = max(fmt.FRAME_HEADER_SIZE, min(size_hint, longest))
+    data = fs.pread(fd, first, offset)
     peek = peek_header(data, 0)
     if not isinstance(peek, tuple):
         raise CorruptSpool(path, offset, "no frame header here")
-    if peek[1] > len(data) and len(data) == FIRST_READ:
+    if peek[1] > len(data) and len(data) == first:
         data += fs.pread(fd, peek[1] - len(data), offset + len(data))
     result = parse_frame(data[: peek[1]], 0, salt)
     if not isinstance(result, Frame):

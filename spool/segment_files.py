@@ -63,11 +63,11 @@ class SegmentFiles:
         self._retired_below = 0  # segments below this number are retired: never kept
         self._closed = False
 
-    def read_frame(self, at: Position) -> Frame:
+    def read_frame(self, at: Position, size_hint: int = 0) -> Frame:
         """The checked frame at ``at`` (as ``reader.read_frame_at``, with its errors)."""
         entry = self._acquire(at.segment)
         try:
-            return frame_in(self._fs, entry.fd, entry.path, at.offset, entry.salt)
+            return frame_in(self._fs, entry.fd, entry.path, at.offset, entry.salt, size_hint)
         finally:
             self._release(entry)
 

@@ -14,7 +14,7 @@ from spool import Spool
 from spool import format as fmt
 from spool.errors import CorruptSpool
 from spool.fs import FileSystem
-from spool.reader import FIRST_READ, read_frame_at
+from spool.reader import read_frame_at
 from spool.records import Position
 from spool.segment_files import KEEP_OPEN, SegmentFiles
 from spool.testing import CountingFS
@@ -64,7 +64,7 @@ def _deleted_segments_held() -> list[str]:
 def test_frames_read_through_kept_descriptors_are_those_an_opening_read_finds(
     tmp_path: Path,
 ) -> None:
-    positions = _log(tmp_path, [100, 3000, FIRST_READ + 5000, 10, 2 * FIRST_READ])
+    positions = _log(tmp_path, [100, 3000, 21_000, 10, 33_000])
     fs = _TrackingFS()
     files = SegmentFiles(fs, str(tmp_path))
     for at in positions + positions:
@@ -73,6 +73,9 @@ def test_frames_read_through_kept_descriptors_are_those_an_opening_read_finds(
     assert len(segments) > 1
     # One open per segment through the kept descriptors, plus one per opening read.
     assert fs.opened == len(segments) + 2 * len(positions)
+    for at in positions:
+        for hint in (1, 500, 25_000, 10**9):  # a hint too short or too long: the same frame
+            assert files.read_frame(at, hint) == read_frame_at(fs, str(tmp_path), at, hint)
     files.close()
     assert files.open_count == 0 and fs.closed == fs.opened
 
