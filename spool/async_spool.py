@@ -28,7 +28,7 @@ import asyncio
 import builtins
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from spool import records as rec
@@ -47,7 +47,8 @@ CLAIM_LOOK_MAX: Final = 1.0
 
 class _Changes:
     """What wakes the claims awaited on one loop: a future completed, on that loop, each
-    time the spool's condition is notified while a claim waits."""
+    time the spool's condition is notified. Listens only while a claim of that loop looks
+    or waits (``AsyncSpool._claims_waiting``), so loops that are done leave nothing."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -56,9 +57,8 @@ class _Changes:
 
     def listener(self) -> None:
         """The spool's condition was notified (any thread, the spool's lock held)."""
-        if self.waiting:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                self._loop.call_soon_threadsafe(self._fire)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self._fire)
 
     def _fire(self) -> None:
         fired, self.next = self.next, self._loop.create_future()
@@ -75,16 +75,26 @@ class AsyncSpool:
         self.spool = spool
         self._changes: dict[asyncio.AbstractEventLoop, _Changes] = {}
 
-    def _changes_here(self) -> _Changes:
-        """The waker of this loop's claims, registered with the spool on first use."""
+    @contextlib.contextmanager
+    def _claims_waiting(self) -> Iterator[_Changes]:
+        """The waker of this loop's claims, listening to the spool from the first claim
+        that looks until the last one is done."""
         loop = asyncio.get_running_loop()
         changes = self._changes.get(loop)
+        st = self.spool._state
         if changes is None:
             changes = self._changes[loop] = _Changes(loop)
-            st = self.spool._state
             with st.lock:
                 st.cond.listeners.append(changes.listener)
-        return changes
+        changes.waiting += 1
+        try:
+            yield changes
+        finally:
+            changes.waiting -= 1
+            if not changes.waiting:
+                del self._changes[loop]
+                with st.lock, contextlib.suppress(ValueError):
+                    st.cond.listeners.remove(changes.listener)
 
     @classmethod
     async def open(cls, directory: str | os.PathLike[str], **options: Any) -> AsyncSpool:
@@ -111,10 +121,9 @@ class AsyncSpool:
         st.check_process()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + check_seconds(timeout, "timeout")
-        changes = self._changes_here()
         synced = False
-        changes.waiting += 1  # before the first look: a change after it must wake the wait
-        try:
+        # Listening before the first look: a change after it must wake the wait.
+        with self._claims_waiting() as changes:
             while True:
                 changed = changes.next
                 with st.lock:
@@ -136,8 +145,6 @@ class AsyncSpool:
                     return None
                 sleep = min(left, CLAIM_LOOK_MAX, CLAIM_LOOK_MAX if wake is None else wake)
                 await asyncio.wait([changed], timeout=sleep)
-        finally:
-            changes.waiting -= 1
 
     async def sync(self) -> None:
         """``Spool.sync``: everything written so far durable."""

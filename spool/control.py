@@ -10,8 +10,9 @@ The owner serves its connections from one asyncio loop (``owner.py``): ``serve``
 the requests that wait for the disk (``accept``, the reports, ``settle``, ``sync``) by
 staging their records and awaiting the log writer's durable future, as ``AsyncSpool``
 does, so no thread waits per request; what is quick and never waits for the disk is
-answered on the loop; what walks the log or may wait long (``list``, ``act``,
-``checkpoint``, a claim that has to wait for work) runs in a worker thread.
+answered on the loop; what walks the log or writes a file (``list``, ``act``,
+``checkpoint``, a body in a file of its own) runs in the connection's own threads, so one
+client's slow requests hold up only that client.
 
 Thread-safe: the loop and those threads share a session (its own lock guards its
 attempts).
@@ -20,11 +21,13 @@ attempts).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 
@@ -44,11 +47,15 @@ CLAIM_BATCH_MAX: Final = 64
 # A claim with ``data`` carries the bodies of its attempts up to this many bytes in all
 # (the others: ``read_data``), so that its reply is never one of the large ones.
 CLAIM_DATA_MAX: Final = 1024 * 1024
+T = TypeVar("T")
 REPORT_STATUSES: Final = (rec.DELIVERED, rec.FAILED, rec.DEFERRED)
 REPORT_FIELDS: Final = ("status", "recipients", "reply")  # a settle group's order
 # Answered on the owner's loop as they are: quick, and never waiting for the disk (a
 # close that applies an operator's mark waits for one batch: rare, and short).
 ON_THE_LOOP: Final = frozenset({"hello", "status", "smtp_tally", "close_attempt"})
+# The threads of one connection for its requests that walk the log or write a file (the
+# owner's ``REQUESTS_IN_FLIGHT`` bounds what one connection has in hand).
+THREADS_PER_CONNECTION: Final = 4
 
 
 def _with_data(claimed: list[Attempt]) -> list[dict[str, Any]]:
@@ -138,6 +145,7 @@ class Session:
         self._lock = threading.Lock()
         self._attempts: dict[str, Attempt] = {}
         self._claimed_at: dict[str, float] = {}  # time.monotonic() of each claim
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None  # ``_in_thread``
         # Blocking: answered on the loop (``ON_THE_LOOP``) or in a worker thread.
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "hello": self._hello,
@@ -173,7 +181,24 @@ class Session:
             raise ProtocolError(f"unknown operation {op!r}")
         if op in ON_THE_LOOP:
             return blocking(args)
-        return await asyncio.to_thread(blocking, args)
+        return await self.in_thread(blocking, args)
+
+    async def in_thread(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` in one of this connection's own threads (started as needed, up
+        to ``THREADS_PER_CONNECTION``, and kept): one client's slow requests (a long
+        listing, a large body) never wait for another's, as they would in a pool that
+        every connection shares."""
+        if self._threads is None:
+            self._threads = concurrent.futures.ThreadPoolExecutor(
+                THREADS_PER_CONNECTION, thread_name_prefix="control-request"
+            )
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(call, *args))
+
+    def let_threads_go(self) -> None:
+        """End this connection's threads once their work is done (the connection ended)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
 
     def in_flight(self) -> list[str]:
         """The messages this connection has claimed and not closed."""
@@ -225,7 +250,7 @@ class Session:
         """An inline body on the loop (one ``pread``); a body file in a worker thread."""
         attempt = self._attempt(args)
         if attempt._flight.body.kind == rec.BODY_FILE:
-            return await asyncio.to_thread(attempt.read_data)
+            return await self.in_thread(attempt.read_data)
         return attempt.read_data()
 
     def _close_attempt(self, args: dict[str, Any]) -> None:
@@ -240,6 +265,10 @@ class Session:
         sender = _arg(args, "sender", str)
         recipients = _texts(args, "recipients")
         data = _arg(args, "data", bytes)
+        if len(data) > self.spool.options.inline_body_max:
+            # A body in a file of its own: written and fsynced in this connection's
+            # threads, then the envelope waits for its batch there too.
+            return await self.in_thread(self.spool.accept, sender, recipients, data)
         return await self._async_spool.accept(sender, recipients, data)
 
     async def _claim(self, args: dict[str, Any]) -> list[dict[str, Any]]:
@@ -263,7 +292,7 @@ class Session:
         if not with_data:
             return [attrs.asdict(a.envelope) for a in claimed]
         if any(a._flight.body.kind == rec.BODY_FILE for a in claimed):
-            return await asyncio.to_thread(_with_data, claimed)  # files of their own
+            return await self.in_thread(_with_data, claimed)  # files of their own
         return _with_data(claimed)
 
     async def _first_claim(self, wait: float) -> Attempt | None:

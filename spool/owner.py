@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -217,8 +218,12 @@ class ControlServer:
                 self._connections.pop(id(connection), None)
             # Closing its attempts may wait for a batch (a close that applies an
             # operator's mark): not on the loop.
-            await asyncio.to_thread(session.close, crashed=not self._stopping.is_set())
-            writer.close()
+            try:
+                crashed = not self._stopping.is_set()
+                await session.in_thread(functools.partial(session.close, crashed=crashed))
+            finally:
+                session.let_threads_go()
+                writer.close()
 
     async def _read_requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: Session

@@ -313,3 +313,33 @@ def test_requests_waiting_for_the_disk_hold_no_thread_each(tmp_path: Path) -> No
     finally:
         server.stop()
         sp.close()
+
+
+def test_one_connections_slow_requests_never_wait_for_anothers(tmp_path: Path) -> None:
+    # Found by review: the loop's one shared pool (6 threads here) ran every
+    # connection's slow requests, so a few clients listing a large queue held up the
+    # others' large accepts and statistics by seconds. Each connection has its own now.
+    import asyncio
+    import threading
+
+    from spool.control import Peer, Session
+
+    sp = Spool.open(str(tmp_path / "spool"))
+    busy, free = (Session(sp, Peer(pid=n, uid=os.getuid()), dict) for n in (1, 2))
+    gate = threading.Event()
+
+    async def run() -> bool:
+        stuck = [asyncio.ensure_future(busy.in_thread(gate.wait, 30)) for _ in range(40)]
+        await asyncio.sleep(0.2)
+        answered = await asyncio.wait_for(free.in_thread(lambda: True), 10)
+        gate.set()
+        await asyncio.gather(*stuck)
+        return answered
+
+    try:
+        assert asyncio.run(run())
+    finally:
+        gate.set()
+        for session in (busy, free):
+            session.let_threads_go()
+        sp.close()

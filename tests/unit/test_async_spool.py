@@ -230,3 +230,24 @@ def test_a_waiting_claim_is_woken_by_the_spool_not_by_a_poll(
     got, msg_id, before, during = asyncio.run(run())
     assert got == msg_id
     assert during == before, "a waiting claim started a thread"
+
+
+def test_loops_that_are_done_leave_no_listener_behind(tmp_path: Path) -> None:
+    # Found by review: each loop an AsyncSpool claimed on left a listener on the spool's
+    # condition for good (a new loop per call: thousands, each called on every batch).
+    async def one(sp: AsyncSpool) -> None:
+        await sp.accept("a@example.org", ["b@example.net"], BODY)
+        attempt = await sp.claim(timeout=1)
+        assert attempt is not None
+        await attempt.delivered(["b@example.net"], "250 ok")
+        await attempt.close()
+        assert await sp.claim(timeout=0.05) is None
+
+    spool = Spool.open(tmp_path / "spool")
+    try:
+        shared = AsyncSpool(spool)
+        for _ in range(30):
+            asyncio.run(one(shared))
+        assert spool._state.cond.listeners == []
+    finally:
+        spool.close()
