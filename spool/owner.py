@@ -232,6 +232,7 @@ class ControlServer:
         slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
         large = asyncio.Semaphore(LARGE_REPLIES_IN_FLIGHT)
         answering: set[asyncio.Task[None]] = set()
+        claiming: set[asyncio.Task[None]] = set()  # the claims among them
         try:
             # Read until the connection ends (``stop`` shuts it), not until the stop
             # begins: a worker settles the message in hand during its grace, and a report
@@ -259,9 +260,17 @@ class ControlServer:
                     task = asyncio.create_task(self._answer(writer, held, session, message))
                     answering.add(task)
                     task.add_done_callback(answering.discard)
+                    if message.op == "claim":
+                        claiming.add(task)
+                        task.add_done_callback(claiming.discard)
         finally:
-            # Requests already taken are answered (or their attempts recorded) before the
-            # session closes its attempts, so no claim outlives its connection.
+            # A claim still waiting for work is called off: nobody will take what it
+            # finds (its attempts would close as the crash of a client already gone).
+            # Cancelled only where it waits, it holds no attempt it has not recorded.
+            for task in claiming:
+                task.cancel()
+            # The other requests taken are answered (or their attempts recorded) before
+            # the session closes its attempts, so no claim outlives its connection.
             if answering:
                 await asyncio.wait(list(answering))
 

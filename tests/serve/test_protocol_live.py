@@ -343,3 +343,28 @@ def test_one_connections_slow_requests_never_wait_for_anothers(tmp_path: Path) -
         for session in (busy, free):
             session.let_threads_go()
         sp.close()
+
+
+def test_a_claim_left_waiting_by_a_connection_that_ended_takes_nothing(tmp_path: Path) -> None:
+    # Found by review (older than the loop): a claim still waiting when its client went
+    # away went on waiting, took the next message, and closed it as that client's crash
+    # (a step towards the crash-loop hold, for mail that never reached a worker).
+    d = str(tmp_path / "spool")
+    sp = Spool.open(d)
+    server = ControlServer(sp, dict)
+    server.start()
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(server.path)
+            s.sendall(encode(Request(1, "claim", {"timeout": 20, "max": 1})))
+            time.sleep(0.3)  # the claim waits for work
+        time.sleep(0.3)  # the owner has seen the connection end
+        with connect(d) as client:
+            client.accept("a@example.org", ["b@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+            attempt = client.claim(timeout=10)
+            assert attempt is not None, "the message went to the claim of a client gone"
+            assert attempt.envelope.attempts == 0
+            attempt.close()
+    finally:
+        server.stop()
+        sp.close()
