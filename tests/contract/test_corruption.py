@@ -91,7 +91,11 @@ def message_extents(root: str) -> dict[str, list[tuple[str, int, int]]]:
 
 def queue_after_open(root: str) -> tuple[dict[str, tuple[str, ...]], Spool]:
     sp = Spool.open(root, clock=FakeClock(2e9), **TRAFFIC_OPTIONS)
-    return {e.msg_id: e.recipients for e in sp.list()}, sp
+    try:
+        return {e.msg_id: e.recipients for e in sp.list()}, sp
+    except BaseException:
+        sp.close()  # an open spool the caller never gets would hold its files to the end
+        raise
 
 
 @pytest.fixture(scope="module")

@@ -48,15 +48,15 @@ class _TrackingFS(FileSystem):
         super().close(fd)
 
 
-def _deleted_segments_held() -> list[str]:
-    """Segment files this process holds open after they were deleted."""
+def _deleted_segments_held(root: Path) -> list[str]:
+    """Segment files under ``root`` this process holds open after they were deleted."""
     held = []
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if target.endswith(" (deleted)") and f"{os.sep}{fmt.LOG_DIR}{os.sep}" in target:
+        if target.endswith(" (deleted)") and target.startswith(str(root) + os.sep):
             held.append(target)
     return held
 
@@ -228,9 +228,9 @@ def test_an_open_spool_holds_no_deleted_segment_open(tmp_path: Path) -> None:
                     attempt.delivered(["b@example.net"], "250 ok")
             sp.checkpoint()
         assert sp.statistics().segments_deleted > 5
-        assert _deleted_segments_held() == []
+        assert _deleted_segments_held(root) == []
         assert sp._state.segment_files.open_count <= KEEP_OPEN
-    assert _deleted_segments_held() == []
+    assert _deleted_segments_held(root) == []
 
 
 def test_a_failed_open_keeps_no_segment_open(tmp_path: Path) -> None:
