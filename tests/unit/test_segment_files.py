@@ -48,17 +48,22 @@ class _TrackingFS(FileSystem):
         super().close(fd)
 
 
-def _deleted_segments_held(root: Path) -> list[str]:
-    """Segment files under ``root`` this process holds open after they were deleted."""
+def _files_held(root: Path | str) -> list[str]:
+    """Files under ``root`` this process holds open (`` (deleted)`` after the deleted)."""
     held = []
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if target.endswith(" (deleted)") and target.startswith(str(root) + os.sep):
+        if target.startswith(str(root) + os.sep):
             held.append(target)
     return held
+
+
+def _deleted_segments_held(root: Path) -> list[str]:
+    """Segment files under ``root`` this process holds open after they were deleted."""
+    return [t for t in _files_held(root) if t.endswith(" (deleted)")]
 
 
 def test_frames_read_through_kept_descriptors_are_those_an_opening_read_finds(
@@ -260,18 +265,4 @@ def test_a_failed_open_keeps_no_segment_open(tmp_path: Path) -> None:
     fs.fail("rename", err=errno.ENOSPC)
     with pytest.raises(DiskFull):
         Spool.open(root, fs=fs)
-    held = [t for t in _log_files_held() if t.startswith(root)]
-    assert held == [], held
-
-
-def _log_files_held() -> list[str]:
-    """Files under a ``log/`` directory this process holds open."""
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if f"{os.sep}{fmt.LOG_DIR}{os.sep}" in target:
-            held.append(target)
-    return held
+    assert _files_held(root) == []
