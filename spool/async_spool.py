@@ -92,7 +92,7 @@ class AsyncSpool:
         finally:
             changes.waiting -= 1
             if not changes.waiting:
-                del self._changes[loop]
+                self._changes.pop(loop, None)
                 with st.lock, contextlib.suppress(ValueError):
                     st.cond.listeners.remove(changes.listener)
 
@@ -186,17 +186,7 @@ class AsyncSpool:
 
     async def close(self) -> None:
         """``Spool.close`` in a worker thread."""
-        self.detach()
         await asyncio.to_thread(self.spool.close)
-
-    def detach(self) -> None:
-        """Stop listening to the spool (for a spool that stays open after this wrapper)."""
-        st = self.spool._state
-        with st.lock:
-            for changes in self._changes.values():
-                with contextlib.suppress(ValueError):
-                    st.cond.listeners.remove(changes.listener)
-        self._changes.clear()
 
     async def __aenter__(self) -> AsyncSpool:
         return self

@@ -145,8 +145,8 @@ class Session:
         self._lock = threading.Lock()
         self._attempts: dict[str, Attempt] = {}
         self._claimed_at: dict[str, float] = {}  # time.monotonic() of each claim
-        self._threads: concurrent.futures.ThreadPoolExecutor | None = None  # ``_in_thread``
-        # Blocking: answered on the loop (``ON_THE_LOOP``) or in a worker thread.
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None  # ``in_thread``
+        # Blocking: answered on the loop (``ON_THE_LOOP``) or in the connection's threads.
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "hello": self._hello,
             "close_attempt": self._close_attempt,
@@ -158,7 +158,7 @@ class Session:
             "status": self._status,
             "smtp_tally": self._smtp_tally,
         }
-        # One for all the owner's sessions: it registers one waker with the spool per loop.
+        # One for all the owner's sessions: one listener on the spool while claims wait.
         self._async_spool = async_spool if async_spool is not None else AsyncSpool(spool)
         # Answered on the loop: they wait for the disk only through the writer's futures.
         self._awaited: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
@@ -247,7 +247,8 @@ class Session:
         return attempt
 
     async def _read_data(self, args: dict[str, Any]) -> bytes:
-        """An inline body on the loop (one ``pread``); a body file in a worker thread."""
+        """An inline body on the loop (one ``pread``); a body file in the connection's
+        threads."""
         attempt = self._attempt(args)
         if attempt._flight.body.kind == rec.BODY_FILE:
             return await self.in_thread(attempt.read_data)
@@ -314,7 +315,7 @@ class Session:
         book = attempt._book
         end, logged = book.stage_report(attempt._flight, status, recipients, reply)
         if end is not None:
-            await self._durable(end)
+            await self._async_spool._durable(end)
         logged()
 
     async def _settle(self, args: dict[str, Any]) -> None:
@@ -340,16 +341,13 @@ class Session:
                     ends.append(end)
         finally:
             if ends:
-                await self._durable(max(ends))  # the commit point of them all
+                await self._async_spool._durable(max(ends))  # the commit point of them all
             for logged in logs:
                 logged()
         self._close_attempt(args)
 
     async def _sync(self, args: dict[str, Any]) -> None:
         await self._async_spool.sync()
-
-    async def _durable(self, end: Position) -> None:
-        await asyncio.wrap_future(self.spool._state.writer.durable_future(end))
 
     def _list(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         return [attrs.asdict(entry, recurse=False) for entry in self.spool.list()]

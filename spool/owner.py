@@ -164,7 +164,6 @@ class ControlServer:
             ended.result(timeout=STOP_JOIN + 5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-        self._async_spool.detach()
 
     async def _shut_down(self) -> None:
         """On the loop: close the listener, remove the socket, end every connection and

@@ -89,7 +89,7 @@ class SegmentFiles:
 
     @property
     def open_count(self) -> int:
-        """How many descriptors are kept open (for tests and statistics)."""
+        """How many descriptors are kept open (for tests)."""
         with self._lock:
             return len(self._open)
 

@@ -251,3 +251,21 @@ def test_loops_that_are_done_leave_no_listener_behind(tmp_path: Path) -> None:
         assert spool._state.cond.listeners == []
     finally:
         spool.close()
+
+
+def test_a_claim_waiting_when_the_spool_closes_ends_with_spool_closed(tmp_path: Path) -> None:
+    # The close wakes the loop's waiting claims; each ends with SpoolClosed and the last
+    # takes the loop's listener away.
+    from spool import SpoolClosed
+
+    async def run() -> None:
+        sp = await AsyncSpool.open(tmp_path / "spool")
+        waiting = [asyncio.ensure_future(sp.claim(timeout=30)) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        await sp.close()
+        for claim in waiting:
+            with pytest.raises(SpoolClosed):
+                await asyncio.wait_for(claim, 10)
+        assert sp.spool._state.cond.listeners == []
+
+    asyncio.run(run())
