@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -30,6 +29,7 @@ from spool.options import RECORDED
 from spool.owner import ControlServer
 from spool.spool import Spool
 from spool.statistics import SpoolStatistics
+from spool.stop_signals import StopSignals
 from spool.supervisor import Supervisor
 
 log = logging.getLogger("spool")
@@ -62,21 +62,14 @@ def serve(
     outcome tracking on (recorded), and a spool that tracks outcomes gets its bounces sent
     (``bouncing.py``); with ``delay_warning`` seconds, the senders of messages queued
     longer get one warning each (``delay_warnings.py``)."""
-    stop = threading.Event()
-    stopped_by: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stopped_by.append(signum)
-        stop.set()
-
-    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop = StopSignals()
+    stop.install()
     try:
         sp = Spool.open(
             directory, attempt_timeout=attempt_timeout, outcomes=True if bounces else RECORDED
         )
     except BaseException:
-        for s, h in handlers.items():
-            signal.signal(s, h)
+        stop.restore()
         raise
     started_wall, started = time.time(), time.monotonic()
     # Written by the C handler, whatever the threads hold (a stuck owner's locks included).
@@ -172,8 +165,7 @@ def serve(
         while not stop.wait(SIGNAL_POLL):
             pass
         log.info("stopping")
-        for s in handlers:
-            signal.signal(s, signal.SIG_IGN)
+        stop.ignore()
     finally:
         # Each step runs even if one before it failed: a stop that skipped the rest would
         # leave workers delivering under an owner that no longer answers its signals.
@@ -188,7 +180,7 @@ def serve(
                 server.stop,
                 lambda: stats.append(sp.statistics()),
                 sp.close,
-                *(functools.partial(signal.signal, s, h) for s, h in handlers.items()),
+                stop.restore,
                 functools.partial(faulthandler.unregister, signal.SIGUSR1),
             ]
         )
@@ -201,7 +193,7 @@ def serve(
         "stopped after %.0f s: accepted %d, delivered %d, deferred %d, failed %d (recipients)",
         time.monotonic() - started, accepted, delivered, deferred, failed,
     )  # fmt: skip
-    return stopped_by[0] if stopped_by else signal.SIGTERM
+    return stop.received[0] if stop.received else signal.SIGTERM
 
 
 def _all_of(steps: list[Callable[[], object]]) -> None:

@@ -37,6 +37,7 @@ from spool.client import Client, RemoteAttempt, connect
 from spool.errors import OwnerUnreachable, SpoolError, SpoolMisuse
 from spool.logs import setup_logging
 from spool.options import TEXT_MAX
+from spool.stop_signals import StopSignals
 
 # Attempts claimed per round trip. One: a lease runs from the claim, and a loop delivers
 # its attempts one after another, so a batch's last attempt would spend its lease waiting.
@@ -182,11 +183,17 @@ def run_worker(
 
 
 def run_workers(
-    client: Client, agent_spec: str, max_use: int, concurrency: int, stop: threading.Event
+    client: Client,
+    agent_spec: str,
+    max_use: int,
+    concurrency: int,
+    stop: threading.Event,
+    term: StopSignals | None = None,
 ) -> None:
     """``concurrency`` delivery loops, each with its own agent (an smtp agent's connection
     is its own), sharing the connection and the ``max_use`` budget. The calling (main)
-    thread polls, so that it runs the SIGTERM handler whichever thread the signal hits."""
+    thread polls, so that it runs the SIGTERM handler whichever thread the signal hits,
+    and passes a received ``term`` on to ``stop``."""
     budget = Budget(max_use)
     agents = [load_agent(agent_spec) for _ in range(concurrency)]
     loops = [
@@ -197,7 +204,7 @@ def run_workers(
     try:
         for loop in loops:
             loop.start()
-        abandoned = _wait_for_loops(client, loops, stop)
+        abandoned = _wait_for_loops(client, loops, stop, term)
     finally:
         for loop, agent in zip(loops, agents, strict=True):
             if loop not in abandoned:  # an agent stuck in a delivery may hang its close too
@@ -205,7 +212,10 @@ def run_workers(
 
 
 def _wait_for_loops(
-    client: Client, loops: list[threading.Thread], stop: threading.Event
+    client: Client,
+    loops: list[threading.Thread],
+    stop: threading.Event,
+    term: StopSignals | None = None,
 ) -> list[threading.Thread]:
     """Wait until every loop has ended; returns the loops given up on.
 
@@ -217,6 +227,8 @@ def _wait_for_loops(
     gone_since: float | None = None
     while alive := [loop for loop in loops if loop.is_alive()]:
         alive[0].join(POLL)
+        if term is not None and term.stopped and not stop.is_set():
+            stop.set()  # here, not in the handler: see stop_signals.py
         if not client.closed:
             continue
         now = time.monotonic()
@@ -245,7 +257,8 @@ def main(directory: str, agent_spec: str, max_use: int, concurrency: int) -> Non
         os.environ.get("SPOOL_LOG_FILE") or None,
     )
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    term = StopSignals()  # not stop.set() in the handler: see stop_signals.py
+    term.install([signal.SIGTERM])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         load_agent(agent_spec).close()
@@ -254,7 +267,7 @@ def main(directory: str, agent_spec: str, max_use: int, concurrency: int) -> Non
         click.echo(f"spool-worker: {e}", err=True)
         sys.exit(1)
     try:
-        run_workers(client, agent_spec, max_use, concurrency, stop)
+        run_workers(client, agent_spec, max_use, concurrency, stop, term)
     finally:
         client.close()
 

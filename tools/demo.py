@@ -24,6 +24,7 @@ import click
 
 from spool import Spool, SpoolError, connect
 from spool.client import Client
+from spool.stop_signals import StopSignals
 
 DOMAINS = ("example.net", "example.com", "example.org", "mail.example")
 
@@ -74,8 +75,8 @@ def main(directory: str, seconds: float, producers: int, workers: int) -> None:
     # Short retry intervals, so that deferred mail comes back while the demo runs.
     Spool.open(directory, retry_intervals=[1, 2, 4]).close()
     owner = _start_owner(directory, workers)
-    interrupted = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    interrupted = StopSignals()  # a handler that set an Event could hang: see its module
+    interrupted.install([signal.SIGINT])
     stop = threading.Event()
     clients = [connect(directory) for _ in range(producers)]
     threads = [threading.Thread(target=_producer, args=(c, stop, i)) for i, c in enumerate(clients)]
@@ -85,7 +86,7 @@ def main(directory: str, seconds: float, producers: int, workers: int) -> None:
     start = time.monotonic()
     tty = sys.stdout.isatty()
     try:
-        while not interrupted.is_set():
+        while not interrupted.stopped:
             elapsed = time.monotonic() - start
             if elapsed >= seconds:
                 stop.set()
@@ -118,7 +119,7 @@ def main(directory: str, seconds: float, producers: int, workers: int) -> None:
         f"{s.frames_per_fsync_mean:.1f} records per fsync; owner stopped "
         f"(status {owner.returncode})"
     )
-    if interrupted.is_set():
+    if interrupted.stopped:
         sys.exit(130)
 
 
