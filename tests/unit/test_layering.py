@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "spool"
 
 LAYERS: list[set[str]] = [
-    {"format", "errors", "fs", "logs", "version"},
+    {"format", "errors", "fs", "logs", "version", "stop_signals"},
     {
         "framing",
         "records",
