@@ -213,6 +213,10 @@ def _recover_and_start(
         if end is not None:
             state.writer.wait_durable(end)
     checkpointer.checkpoint()
+    with state.lock:
+        limit = state.writer.durable
+        for runner in runners:
+            runner.prime(limit, scheduler.pending_past)
     checkpointer.start_background()
     return OpenedSpool(
         owner=owner,

@@ -294,6 +294,7 @@ class LogCursor:
         self._chunk = chunk_size
         self._fd: int | None = None
         self._fd_segment = 0
+        self._path: tuple[int, str] = (-1, "")
         self._salt = 0
         self._scanner = Scanner()
         self._size = -1
@@ -309,7 +310,11 @@ class LogCursor:
             self._fd = None
 
     def path(self, segment: int) -> str:
-        return os.path.join(self._dir, fmt.segment_name(segment))
+        """The file of ``segment`` (that of the last one asked for is kept: a runner asks
+        for it with every envelope it decodes, in case the envelope is damaged)."""
+        if self._path[0] != segment:
+            self._path = (segment, os.path.join(self._dir, fmt.segment_name(segment)))
+        return self._path[1]
 
     def file_size(self, segment: int) -> int:
         """The size of ``segment``'s file now."""

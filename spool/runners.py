@@ -27,18 +27,33 @@ walking; then the spool tells it how many of its envelopes were appended past th
 and not yet durable. An error in the count can only be an overcount (a walk) as long as
 every append is counted; the crash explorer's claim-everything check would see a skip.
 
-Memory: one envelope of look-ahead per runner. The queue itself stays on disk.
+Jumping between its own envelopes: along with the count, a runner keeps the positions of
+those envelopes (``owned_ahead``, in log order), so that it reads only them and steps over
+everything between (other classes' envelopes, start/delta/finish records, BODY and PAD
+frames) without reading it: about 13 frames a message, visited by every runner with mail
+of its class pending, were most of a claim's work. Its next read lands on a frame boundary
+(a position the writer gave), as a skip to the head does. The positions are known whenever
+the count is, up to ``AHEAD_MAX`` of them; past that the runner walks on the count alone
+(as it did before positions were kept) until the count falls to zero, which makes them
+known again (none). A position that is not where the walk finds the runner's next envelope
+would be a bug: the runner then forgets the positions and walks.
+
+Memory: one envelope of look-ahead per runner, and up to ``AHEAD_MAX`` positions. The
+queue itself stays on disk.
 Not thread-safe: the spool calls runners with its lock held.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import collections
+from collections.abc import Callable, Sequence
+from typing import Final
 
 import attrs
 
 from spool import format as fmt
 from spool import records as rec
+from spool.errors import CorruptSpool
 from spool.framing import Frame
 from spool.fs import FileSystem
 from spool.reader import LogCursor
@@ -53,6 +68,8 @@ class NotDue:
 
 
 IDLE = None  # the runner is at the durable end of the log
+AHEAD_MAX: Final = 16_384  # positions a runner keeps of its envelopes ahead (~1 MiB)
+PRIME_FRAMES: Final = 64  # frames ``prime`` steps over at most
 
 
 class Runner:
@@ -78,7 +95,10 @@ class Runner:
         self._peek: tuple[Position, Envelope, int] | None = None
         self.envelopes_seen = 0
         self.owned_pending: int | None = None  # see the module docstring
+        # The positions of those envelopes, when known (see the module docstring).
+        self.owned_ahead: collections.deque[Position] | None = None
         self.skipped_to_head = 0
+        self.jumps = 0
 
     @property
     def cursor(self) -> Position:
@@ -91,40 +111,88 @@ class Runner:
     def owns(self, env: Envelope) -> bool:
         return env.klass == self.klass or (self.last and env.klass > self.klass)
 
-    def appended(self) -> None:
-        """The spool appended an envelope of this runner's class (ahead of its cursor)."""
+    def appended(self, at: Position) -> None:
+        """The spool appended an envelope of this runner's class at ``at`` (ahead of its
+        cursor)."""
         if self.owned_pending is not None:
             self.owned_pending += 1
+        ahead = self.owned_ahead
+        if ahead is not None:
+            if len(ahead) < AHEAD_MAX:
+                ahead.append(at)
+            else:
+                self.owned_ahead = None  # walk on the count; known again when it is zero
+
+    def _seed(self, pending: Sequence[Position]) -> None:
+        """The walk reached the end of the log: ``pending`` are this class's envelopes
+        appended past it, not yet durable (in log order)."""
+        self.owned_pending = len(pending)
+        self.owned_ahead = collections.deque(pending) if len(pending) <= AHEAD_MAX else None
+
+    def prime(
+        self, limit: Position, pending_past: Callable[[int, Position], Sequence[Position]]
+    ) -> None:
+        """At open: learn the count now if nothing of any class lies between the cursor
+        and the durable end ``limit`` (a new spool; a runner at the head when the spool
+        closed), rather than at the first walk to the end, which a spool that accepts
+        before its first claim would make only once it had walked all it accepted.
+
+        Steps over at most ``PRIME_FRAMES`` frames that are not envelopes (as a walk
+        would), and stops at an envelope without taking it. Damage there is left where it
+        is, for the first claim to meet, as it would without this look: an open that did
+        not fail before does not fail now."""
+        if self.owned_pending is not None or self._peek is not None:
+            return
+        start = self._reader.position
+        try:
+            for _ in range(PRIME_FRAMES):
+                item = self._reader.next(limit)
+                if item is None:
+                    if self._reader.position >= limit:
+                        self._seed(pending_past(self.klass, limit))
+                    return
+                pos, frame = item
+                if isinstance(frame, Frame) and frame.type == fmt.T_ENVELOPE:
+                    self._reader.position = pos  # not taken: read again by the first walk
+                    return
+        except CorruptSpool:
+            self._reader.position = start
 
     def next_due(
         self,
         now: float,
         limit: Position,
         superseded: set[Position],
-        pending_past: Callable[[int, Position], int] | None = None,
+        pending_past: Callable[[int, Position], Sequence[Position]] | None = None,
     ) -> tuple[Position, Envelope, int] | NotDue | None:
         """The next due, live envelope of this runner's class, ``NotDue``, or ``IDLE``.
 
         Returns (position, envelope, frame size). The runner moves past what it returns:
         the caller must act on it (start an attempt, re-append it, or expire it).
-        ``pending_past(klass, limit)`` counts this class's envelopes appended at or after
+        ``pending_past(klass, limit)`` lists this class's envelopes appended at or after
         ``limit`` (not yet durable); it seeds ``owned_pending`` when the walk ends.
         """
         while True:
             if self._peek is None:
-                if self.owned_pending == 0 and self._reader.position < limit:
+                reader = self._reader
+                if self.owned_pending == 0 and reader.position < limit:
                     # Nothing of this class between the cursor and the tail: skip to the
                     # durable end (a frame boundary) without reading what lies between.
-                    self._reader.position = limit
+                    reader.position = limit
                     self.skipped_to_head += 1
-                item = self._reader.next(limit)
+                elif self.owned_ahead and reader.position < self.owned_ahead[0]:
+                    # Nothing of this class before its next envelope: jump there (a frame
+                    # boundary), or to the durable end if that envelope is past it.
+                    reader.position = min(self.owned_ahead[0], limit)
+                    self.jumps += 1
+                item = reader.next(limit)
                 if item is None:
                     if (
                         self.owned_pending is None
                         and pending_past is not None
-                        and self._reader.position >= limit
+                        and reader.position >= limit
                     ):
-                        self.owned_pending = pending_past(self.klass, limit)
+                        self._seed(pending_past(self.klass, limit))
                     return IDLE
                 pos, frame = item
                 if not isinstance(frame, Frame) or frame.type != fmt.T_ENVELOPE:
@@ -144,7 +212,14 @@ class Runner:
                     # fall back to walking rather than ever skipping one.
                     self.owned_pending -= 1
                     if self.owned_pending < 0:
-                        self.owned_pending = None
+                        self.owned_pending = self.owned_ahead = None
+                    elif self.owned_ahead is None:
+                        if self.owned_pending == 0:
+                            self.owned_ahead = collections.deque()  # known again: none
+                    elif self.owned_ahead and self.owned_ahead[0] == pos:
+                        self.owned_ahead.popleft()
+                    else:
+                        self.owned_ahead = None  # not where it was said to be: walk
                 if pos in superseded:
                     continue
                 self._peek = (pos, env, frame.size)

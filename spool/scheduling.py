@@ -2,8 +2,9 @@
 
 Every record an open spool writes reaches the writer through ``Scheduler.append``: it
 counts records toward the next checkpoint, and counts each appended envelope for the
-runner of its class, which lets an idle runner skip to the head (``runners.py``); an
-envelope appended any other way could be skipped and its message never handed out.
+runner of its class, which lets a runner skip to the head when its class is idle, and jump
+from one of its envelopes to the next (``runners.py``); an envelope appended any other way
+could be skipped and its message never handed out.
 
 Fairness: claims alternate between fresh mail (runner 0) and deferred mail, and go round
 the deferred classes in turn, so neither a flood of new mail nor a backlog of retries
@@ -86,13 +87,13 @@ class Scheduler:
         """Count an appended envelope for the runner of its class (runners.py: idle runners
         skip to the head). Every envelope appended must come through here."""
         owner = min(klass, self.state.options.last_class)
-        self.runners[owner].appended()
+        self.runners[owner].appended(at)
         self._fresh_envelopes.append((owner, at))
 
-    def pending_past(self, owner: int, limit: Position) -> int:
-        """How many envelopes of runner ``owner`` were appended at or after ``limit`` (only
-        not-yet-durable ones are still listed; older ones are behind it)."""
-        return sum(1 for k, at in self._fresh_envelopes if k == owner and at >= limit)
+    def pending_past(self, owner: int, limit: Position) -> list[Position]:
+        """The envelopes of runner ``owner`` appended at or after ``limit``, in log order
+        (only not-yet-durable ones are still listed; older ones are behind it)."""
+        return [at for k, at in self._fresh_envelopes if k == owner and at >= limit]
 
     def on_durable(self, end: Position) -> None:
         """The writer's callback: the log is durable up to ``end``. Takes the lock."""

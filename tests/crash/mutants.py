@@ -178,6 +178,22 @@ def uncounted_replacement(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Scheduler, "note_envelope", note)
 
 
+def replacement_position_past_it(mp: pytest.MonkeyPatch) -> None:
+    """A replacement envelope's runner is given the position where the next record
+    starts instead of its own (runners.py jumps between the positions it is given), so
+    the runner jumps past it."""
+    original = Scheduler.append
+
+    def append(self: Scheduler, parts: Any, envelope_class: int | None) -> Any:
+        if not envelope_class:
+            return original(self, parts, envelope_class)
+        start, end = original(self, parts, None)  # counted below, at the wrong place
+        self.note_envelope(envelope_class, end)
+        return start, end
+
+    mp.setattr(Scheduler, "append", append)
+
+
 def recovery_does_not_sync_what_it_read(mp: pytest.MonkeyPatch) -> None:
     """(R0) Recovery builds on the dead owner's un-synced tail without making it durable:
     only a kill, recovery and then a power cut can see it."""
@@ -308,6 +324,7 @@ MUTANTS: dict[str, Mutant] = {
         replacement_drops_recipient,
         body_file_not_synced,
         uncounted_replacement,
+        replacement_position_past_it,
         recovery_does_not_sync_what_it_read,
         front_ignores_open_attempts,
         acknowledgement_forgotten_when_read_past,
