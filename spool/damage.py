@@ -1,9 +1,14 @@
 """Damage in the log: finding it, reading past it, and what it means for each message.
 
-Recovery and the queue runners stop at the first frame that fails its check before the
-durable end (``CorruptSpool``): nothing is ever skipped silently. This module is for the
-operator's tools (``spool check``, ``spool check --repair``), which must say exactly what
-is damaged and set only that aside, keeping every intact frame.
+Recovery and every reader stop at the first frame they read that fails its check before
+the durable end (``CorruptSpool``): nothing read is ever passed over silently. A running
+spool does not read every frame, though: a queue runner reads only its class's envelopes
+and steps over the rest by position (docs/design.md, "Busy classes jump between their
+envelopes"), and over BODY frames by their header. Damage in a frame nobody has read is
+found when something reads it (recovery, if it lies in the working suffix; ``spool
+check``; a listing), and matters to nothing once its segment is retired. This module is
+for the operator's tools (``spool check``, ``spool check --repair``), which must say
+exactly what is damaged and set only that aside, keeping every intact frame.
 
 Reading past damage (``scan_segment``). Frames are self-delimiting, so after a bad frame
 at offset *o* the reader looks for the next offset where a valid frame starts:

@@ -9,17 +9,24 @@ given up, and wrong.
 
 from __future__ import annotations
 
-import collections
+import gc
+import os
+import subprocess
+import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from spool import Spool
+from spool import format as fmt
 from spool import runners as runners_module
-from spool.runners import Runner
+from spool.records import Position
+from spool.runners import PositionQueue, Runner
 from spool.testing import FakeClock
 
 INTERVALS = (60.0,)
+ROOT = str(Path(__file__).resolve().parents[2])
 DATA = b"Subject: jumps\r\n\r\nbody\r\n"
 
 
@@ -87,7 +94,8 @@ def test_a_reopened_backlog_is_walked_first_and_jumped_after(tmp_path: Path) -> 
         seen = drain(sp, clock)
         assert sorted(seen) == sorted(list(ids) * 2)
         assert list(sp.list()) == []
-        assert fresh.owned_pending == 0 and fresh.owned_ahead == collections.deque()
+        assert fresh.owned_pending == 0
+        assert fresh.owned_ahead is not None and len(fresh.owned_ahead) == 0
 
 
 def test_too_many_positions_fall_back_to_the_count(
@@ -103,7 +111,7 @@ def test_too_many_positions_fall_back_to_the_count(
         assert sorted(seen) == sorted(list(ids) * 2)
         assert list(sp.list()) == []
         # The count fell to zero: the positions are known again (none), and used.
-        assert fresh.owned_ahead == collections.deque()
+        assert fresh.owned_ahead is not None and len(fresh.owned_ahead) == 0
         more = accept(sp, 2)
         assert {a.msg_id for a in (sp.claim(), sp.claim()) if a is not None} == more
 
@@ -119,7 +127,7 @@ def test_a_position_short_of_the_envelope_makes_the_runner_walk(tmp_path: Path) 
         first = accept(sp, 1)
         fresh, retry = runners_of(sp)
         assert fresh.owned_ahead is not None
-        wrong = fresh.owned_ahead[0]  # the fresh envelope, ahead of the retry's own
+        wrong = fresh.owned_ahead.first()  # the fresh envelope, ahead of the retry's own
         attempt = sp.claim()
         assert attempt is not None and attempt.msg_id in first
         with attempt:
@@ -127,8 +135,9 @@ def test_a_position_short_of_the_envelope_makes_the_runner_walk(tmp_path: Path) 
         ids = accept(sp, 3)
         sp.sync()
         assert retry.owned_ahead is not None and len(retry.owned_ahead) == 1
-        assert wrong < retry.owned_ahead[0]
-        retry.owned_ahead.appendleft(wrong)
+        own = retry.owned_ahead.first()
+        assert wrong < own
+        retry.owned_ahead = PositionQueue([wrong, own])
         retry.owned_pending = (retry.owned_pending or 0) + 1
         clock.advance(INTERVALS[0] + 1)
         handed = []
@@ -138,3 +147,67 @@ def test_a_position_short_of_the_envelope_makes_the_runner_walk(tmp_path: Path) 
                 a.delivered(list(a.envelope.recipients), "250 ok")
         assert sorted(handed) == sorted(first | ids)
         assert retry.owned_ahead is None  # it walks on: the count raised with it is too high
+
+
+def test_the_positions_kept_cost_16_bytes_each_and_are_given_back() -> None:
+    queue = PositionQueue()
+    for i in range(5000):
+        queue.append(Position(1 + i // 1000, 32 + i))
+    for i in range(4990):
+        assert queue.first() == Position(1 + i // 1000, 32 + i)
+        queue.pop_first()
+    assert len(queue) == 10 and queue.first() == Position(5, 32 + 4990)
+    assert len(queue._segments) < 5000  # the space of those taken was given back
+
+
+def test_a_backlog_costs_a_runner_little_memory(tmp_path: Path) -> None:
+    """Contract 8: memory is bounded by the work in flight. The positions a runner keeps
+    grow with its class's backlog up to ``AHEAD_MAX``: 16 bytes each (before the review:
+    about 105, 1.7 MiB a runner, of up to 65 runners)."""
+    clock = FakeClock()
+    with Spool.open(str(tmp_path / "s"), clock=clock, retry_intervals=INTERVALS) as sp:
+        accept(sp, 200)  # warm: first segment, caches
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            accept(sp, 4000)
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert len(runners_of(sp)[0].owned_ahead or ()) == 4200
+        assert grown < 4000 * 40, f"{grown / 4000:.0f} bytes a queued message"
+
+
+def test_damage_a_runner_steps_over_is_found_by_spool_check(tmp_path: Path) -> None:
+    """A busy runner does not check the frames it steps over (review of the jumps): a
+    damaged start record between its envelopes does not stop the next claim, and
+    ``spool check`` finds it (as it finds damage in a BODY frame no claim has read)."""
+    root = str(tmp_path / "s")
+    clock = FakeClock()
+    sp = Spool.open(root, clock=clock, retry_intervals=INTERVALS)
+    try:
+        ids = accept(sp, 3)
+        first = sp.claim()
+        assert first is not None
+        sp.sync()
+        at = sp._opened.book.in_flight[first.msg_id].start_at
+        path = os.path.join(root, fmt.LOG_DIR, fmt.segment_name(at.segment))
+        with open(path, "r+b") as f:
+            f.seek(at.offset + 12)
+            byte = f.read(1)
+            f.seek(at.offset + 12)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        second = sp.claim()
+        assert second is not None and second.msg_id in ids - {first.msg_id}
+        first.close()
+        second.close()
+    finally:
+        sp.close()
+    checked = subprocess.run(
+        [sys.executable, "-m", "spool.cli", "check", root],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert checked.returncode != 0
+    assert f"{fmt.segment_name(at.segment)}" in checked.stdout + checked.stderr
