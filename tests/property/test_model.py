@@ -26,7 +26,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from spool import Attempt, Spool
+from spool import Attempt, Spool, runners
 from spool.testing import FakeClock
 
 INTERVALS = (10.0, 40.0)
@@ -223,3 +223,24 @@ SpoolMatchesModel.TestCase.settings = settings(
     deadline=None,
 )
 test_spool_matches_the_model = SpoolMatchesModel.TestCase
+
+
+class SpoolWithFewPositionsMatchesModel(SpoolMatchesModel):
+    """The same, with queue runners that may keep only two positions of their envelopes
+    ahead (``runners.AHEAD_MAX``): they go from jumping to walking on their count and
+    back all the time, and must still hand out every due message."""
+
+    def __init__(self) -> None:
+        self._ahead_max = runners.AHEAD_MAX
+        runners.AHEAD_MAX = 2
+        super().__init__()
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            runners.AHEAD_MAX = self._ahead_max
+
+
+SpoolWithFewPositionsMatchesModel.TestCase.settings = SpoolMatchesModel.TestCase.settings
+test_spool_with_few_runner_positions_matches_the_model = SpoolWithFewPositionsMatchesModel.TestCase
