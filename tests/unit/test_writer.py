@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,4 +118,93 @@ def test_failed_fsync_is_sticky_and_reaches_every_caller(tmp_path: Path) -> None
         w.append(_frame(2), durable=False)
     with pytest.raises(SpoolFailed):
         w.sync()
+    w.close()
+
+
+class GatedFS(CountingFS):
+    """Each fdatasync waits for a permit (``let_one``), so that a test holds a flush open
+    while other callers queue behind it; ``fail_next`` makes the next one fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.permits = threading.Semaphore(0)
+        self.syncing = threading.Event()
+        self.fail_next = False
+
+    def fdatasync(self, fd: int) -> None:
+        self.syncing.set()
+        assert self.permits.acquire(timeout=30), "a test forgot a permit"
+        self.syncing.clear()
+        if self.fail_next:
+            raise OSError(5, "Input/output error")
+        super().fdatasync(fd)
+
+
+def _wait_until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_a_flush_wakes_the_callers_it_covers_and_one_to_lead_the_next(tmp_path: Path) -> None:
+    """Before: every caller behind a flush woke when it ended, to sleep again if the
+    flush did not cover it (one condition for all: most context switches of 32 threads)."""
+    fs = GatedFS()
+    w = LogWriter(fs, str(tmp_path), first_segment=1, segment_size=1 << 20)
+    fs.permits.release()
+    w.append(_frame(0), durable=True)  # the segment (and its directory's sync) exists
+    returned: list[int] = []
+
+    def durable_append(i: int) -> None:
+        w.append(_frame(i), durable=True)
+        returned.append(i)
+
+    first = threading.Thread(target=durable_append, args=(1,))
+    first.start()
+    _wait_until(fs.syncing.is_set)  # the first flush waits for its permit
+    later = [threading.Thread(target=durable_append, args=(i,)) for i in (2, 3, 4)]
+    for t in later:
+        t.start()
+    _wait_until(lambda: len(w._sleepers) == 3)
+    fs.permits.release()  # the first flush ends: it covers 1 only
+    first.join(30)
+    assert returned == [1]
+    # One of the others leads the next flush (of 2, 3 and 4); two still sleep.
+    _wait_until(fs.syncing.is_set)
+    assert len(w._sleepers) == 2
+    fs.permits.release()
+    for t in later:
+        t.join(30)
+    assert sorted(returned) == [1, 2, 3, 4]
+    assert not w._sleepers
+    fs.permits.release()  # the close cuts the zeros written ahead, and syncs that
+    w.close()
+
+
+def test_callers_asleep_behind_a_failed_flush_all_get_its_error(tmp_path: Path) -> None:
+    fs = GatedFS()
+    w = LogWriter(fs, str(tmp_path), first_segment=1, segment_size=1 << 20)
+    fs.permits.release()
+    w.append(_frame(0), durable=True)
+    errors: list[BaseException] = []
+
+    def durable_append(i: int) -> None:
+        try:
+            w.append(_frame(i), durable=True)
+        except SpoolFailed as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=durable_append, args=(i,)) for i in range(1, 6)]
+    threads[0].start()
+    _wait_until(fs.syncing.is_set)
+    for t in threads[1:]:
+        t.start()
+    _wait_until(lambda: len(w._sleepers) == 4)
+    fs.fail_next = True
+    fs.permits.release()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert len(errors) == 5
     w.close()
