@@ -319,14 +319,23 @@ class LogWriter:
         while self._durable < end:
             if self._failed is not None:
                 raise self._failed
+            if self._closed:
+                # Queued while ``close`` made the rest durable, and not covered by it: the
+                # file is being closed outside the lock, so no flush may start now.
+                raise SpoolClosed("the spool closed before this was made durable")
             if self._flushing:
                 sleeper = (end, threading.Condition(self._lock))
                 self._sleepers.append(sleeper)
                 try:
                     sleeper[1].wait()
-                finally:
-                    with contextlib.suppress(ValueError):  # gone if it was woken
+                except BaseException:
+                    # Interrupted (a signal's handler raised). If it had been woken, it
+                    # may have been the one to lead the next flush: pass that on.
+                    if sleeper in self._sleepers:
                         self._sleepers.remove(sleeper)
+                    elif not self._flushing:
+                        self._wake_sleepers_locked()
+                    raise
             else:
                 self._flush_locked()
 
@@ -362,6 +371,7 @@ class LogWriter:
         self._flushing = True
         self._lock.release()
         error: OSError | None = None
+        interrupted: BaseException | None = None
         written = 0
         latencies: list[float] = []
         try:
@@ -369,17 +379,29 @@ class LogWriter:
                 written += self._write_chunk(chunk, latencies)
         except OSError as exc:
             error = exc
+        except BaseException as exc:  # a signal's handler raised (Ctrl-C) mid-batch
+            interrupted = exc
         finally:
             self._lock.acquire()
             self._flushing = False
-        if error is not None:
+        if error is not None or interrupted is not None:
+            # What reached the disk is unknown, and the batch is gone from the queue: a
+            # later batch written after it would leave a hole that recovery stops at,
+            # losing what that batch acknowledged. So the writer fails for good, as for a
+            # failed write; the next open finds the end of the log.
+            if error is not None:
+                reason = f"failed: {error.strerror or error}"
+            else:
+                reason = f"was interrupted ({type(interrupted).__name__})"
             self._failed = SpoolFailed(
-                f"writing the log in {self._dir} failed: {error.strerror or error}",
-                error.errno,
+                f"writing the log in {self._dir} {reason}",
+                error.errno if error is not None else None,
             )
             self._cond.notify_all()
             self._wake_sleepers_locked()
             self._end_futures_locked()
+            if interrupted is not None:
+                raise interrupted
             raise self._failed
         self._batches += 1
         self._frames += frames

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spool import format as fmt
-from spool.errors import SpoolFailed
+from spool.errors import SpoolClosed, SpoolError, SpoolFailed
 from spool.framing import Frame
 from spool.reader import LogCursor, list_segments
 from spool.records import Position
@@ -208,3 +209,122 @@ def test_callers_asleep_behind_a_failed_flush_all_get_its_error(tmp_path: Path) 
         assert not t.is_alive()
     assert len(errors) == 5
     w.close()
+
+
+class Interrupted(Exception):
+    """What a signal's handler raises in these tests (as Ctrl-C raises KeyboardInterrupt,
+    which pytest would take for the user's)."""
+
+
+def test_a_caller_woken_to_lead_and_interrupted_passes_the_lead_on(tmp_path: Path) -> None:
+    """Review of the targeted wake-ups: the caller woken to lead the next flush was hit
+    by a signal's exception; the others slept on until ``sync_interval`` (30 s here)."""
+    fs = GatedFS()
+    main_end: list[Position] = []
+    kick = threading.Event()
+
+    def on_durable(_end: Position) -> None:
+        if kick.is_set():
+            kick.clear()
+            os.kill(os.getpid(), signal.SIGUSR1)  # after the flush's wake-ups
+
+    def handler(_signum: int, _frame: object) -> None:
+        woken = not any(end == main_end[0] for end, _ in w._sleepers)
+        if main_end and woken and w.durable < main_end[0]:
+            raise Interrupted
+
+    w = LogWriter(fs, str(tmp_path), first_segment=1, segment_size=1 << 20,
+                  sync_interval=30.0, on_durable=on_durable)  # fmt: skip
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        fs.permits.release()
+        w.append(_frame(0), durable=True)
+        first = threading.Thread(target=w.append, args=(_frame(1),), kwargs={"durable": True})
+        first.start()
+        _wait_until(fs.syncing.is_set)  # the first flush is held open
+        main_end.append(w.enqueue(_frame(2))[1])
+        done: list[int] = []
+
+        def durable_append(i: int) -> None:
+            w.append(_frame(i), durable=True)
+            done.append(i)
+
+        others = [threading.Thread(target=durable_append, args=(i,)) for i in (3, 4, 5)]
+
+        def then() -> None:
+            _wait_until(lambda: len(w._sleepers) == 1)  # the main thread, first in line
+            for t in others:
+                t.start()
+            _wait_until(lambda: len(w._sleepers) == 4)
+            kick.set()
+            for _ in range(3):
+                fs.permits.release()
+
+        threading.Thread(target=then).start()
+        with pytest.raises(Interrupted):
+            w.wait_durable(main_end[0])  # woken first by the flush's end, to lead
+        first.join(30)
+        started = time.monotonic()
+        for t in others:
+            t.join(10)
+        assert sorted(done) == [3, 4, 5], "the other callers were left asleep"
+        assert time.monotonic() - started < 10
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    fs.permits.release()
+    w.close()
+
+
+def test_a_leader_interrupted_mid_batch_fails_the_writer(tmp_path: Path) -> None:
+    """Review of the writer (older than the targeted wake-ups): a leader interrupted after
+    taking its batch and before writing it dropped the batch; the next durable append was
+    written after the hole and acknowledged, and recovery stops at the hole."""
+    arm = threading.Event()
+
+    class InterruptedWrite(CountingFS):
+        def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+            if arm.is_set():
+                arm.clear()
+                raise Interrupted  # as a handler raising in the leader would
+            super().pwrite(fd, data, offset)
+
+    w = LogWriter(InterruptedWrite(), str(tmp_path), first_segment=1, segment_size=1 << 20)
+    w.append(_frame(0), durable=True)
+    arm.set()
+    with pytest.raises(Interrupted):
+        w.append(_frame(1), durable=True)
+    with pytest.raises(SpoolFailed, match="interrupted"):
+        w.append(_frame(2), durable=True)  # before: acknowledged, after a hole
+    w.close()
+    assert _read_all(str(tmp_path)) == [b"frame 0"]
+
+
+def test_a_caller_queued_during_close_gets_spool_closed(tmp_path: Path) -> None:
+    """Review of the writer (older than the targeted wake-ups): a caller that queued a
+    frame while ``close`` flushed, woken after it, led a flush of its own while ``close``
+    closed the file outside the lock (EBADF, an assertion, or bytes in another file)."""
+    fs = GatedFS()
+    w = LogWriter(fs, str(tmp_path), first_segment=1, segment_size=1 << 20)
+    fs.permits.release()
+    w.append(_frame(0), durable=True)
+    w.enqueue(_frame(1))
+    closing = threading.Thread(target=w.close)
+    closing.start()
+    _wait_until(fs.syncing.is_set)  # close's flush of frame 1 is held open
+    outcome: list[object] = []
+
+    def late() -> None:
+        try:
+            w.append(_frame(2), durable=True)
+            outcome.append("acknowledged")
+        except SpoolError as e:
+            outcome.append(e)
+
+    late_caller = threading.Thread(target=late)
+    late_caller.start()
+    _wait_until(lambda: len(w._sleepers) == 1)
+    for _ in range(3):
+        fs.permits.release()  # close's flush, its cut of the zeros, and one spare
+    closing.join(30)
+    late_caller.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], SpoolClosed), outcome
