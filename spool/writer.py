@@ -146,12 +146,6 @@ class LogWriter:
         # flusher write at once instead of after ``sync_interval``.
         self._futures: list[tuple[Position, concurrent.futures.Future[None]]] = []
         self._flush_asked = False
-        # Callers blocked in ``wait_durable`` behind a running flush, each on a condition of
-        # its own (on the one lock): a flush that ends wakes those it covers, and the first
-        # of the others to lead the next one. One condition for all woke every caller at
-        # every flush, most of them to sleep again: with 32 threads and small batches that
-        # was most of the process's context switches (docs/performance.md).
-        self._sleepers: list[tuple[Position, threading.Condition]] = []
         self._batch_records = Histogram(BATCH_RECORDS_BOUNDS)
         self._flusher = threading.Thread(target=self._flush_loop, name="spool-flusher", daemon=True)
         self._flusher.start()
@@ -281,7 +275,6 @@ class LogWriter:
                     self._wait_durable_locked(self._tail)
             self._closed = True
             self._cond.notify_all()
-            self._wake_sleepers_locked()
             self._end_futures_locked()
         self._flusher.join()
         if self._fd is not None:
@@ -324,35 +317,9 @@ class LogWriter:
                 # file is being closed outside the lock, so no flush may start now.
                 raise SpoolClosed("the spool closed before this was made durable")
             if self._flushing:
-                sleeper = (end, threading.Condition(self._lock))
-                self._sleepers.append(sleeper)
-                try:
-                    sleeper[1].wait()
-                except BaseException:
-                    # Interrupted (a signal's handler raised). If it had been woken, it
-                    # may have been the one to lead the next flush: pass that on.
-                    if sleeper in self._sleepers:
-                        self._sleepers.remove(sleeper)
-                    elif not self._flushing:
-                        self._wake_sleepers_locked()
-                    raise
+                self._cond.wait()
             else:
                 self._flush_locked()
-
-    def _wake_sleepers_locked(self) -> None:
-        """A flush ended (or the writer failed or closed): wake the callers it covers,
-        and the first of the others, to lead the next flush (every one of them once
-        nothing more can be written)."""
-        if not self._sleepers:
-            return
-        done = self._failed is not None or self._closed
-        woken = [s for s in self._sleepers if done or s[0] <= self._durable]
-        rest = [s for s in self._sleepers if not (done or s[0] <= self._durable)]
-        if rest:
-            woken.append(rest.pop(0))
-        self._sleepers = rest
-        for _, condition in woken:
-            condition.notify()
 
     def _flush_locked(self) -> None:
         """Leader: take the queue, write and fdatasync it with the lock released."""
@@ -398,7 +365,6 @@ class LogWriter:
                 error.errno if error is not None else None,
             )
             self._cond.notify_all()
-            self._wake_sleepers_locked()
             self._end_futures_locked()
             if interrupted is not None:
                 raise interrupted
@@ -410,8 +376,7 @@ class LogWriter:
             self._fsync_seconds.observe(seconds)
         self._bytes += written
         self._durable = target
-        self._cond.notify_all()  # the flusher, if frames were queued during this flush
-        self._wake_sleepers_locked()
+        self._cond.notify_all()
         if self._futures:
             self._end_futures_locked()
         if self._on_durable is not None:
