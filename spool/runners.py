@@ -35,8 +35,10 @@ of its class pending, were most of a claim's work. Its next read lands on a fram
 (a position the writer gave), as a skip to the head does. The positions are known whenever
 the count is, up to ``AHEAD_MAX`` of them; past that the runner walks on the count alone
 (as it did before positions were kept) until the count falls to zero, which makes them
-known again (none). A position that is not where the walk finds the runner's next envelope
-would be a bug: the runner then forgets the positions and walks.
+known again (none). A position short of the runner's next envelope (a frame that is not
+it) makes the runner forget the positions and walk; a position past it would skip it, as an
+uncounted append would (the crash explorer's mutant ``replacement_position_past_it``):
+every position comes from ``Scheduler.note_envelope``, with the count.
 
 Memory: one envelope of look-ahead per runner, and up to ``AHEAD_MAX`` positions. The
 queue itself stays on disk.

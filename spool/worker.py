@@ -188,7 +188,7 @@ def run_workers(
     max_use: int,
     concurrency: int,
     stop: threading.Event,
-    term: StopSignals | None = None,
+    term: StopSignals,
 ) -> None:
     """``concurrency`` delivery loops, each with its own agent (an smtp agent's connection
     is its own), sharing the connection and the ``max_use`` budget. The calling (main)
@@ -215,7 +215,7 @@ def _wait_for_loops(
     client: Client,
     loops: list[threading.Thread],
     stop: threading.Event,
-    term: StopSignals | None = None,
+    term: StopSignals,
 ) -> list[threading.Thread]:
     """Wait until every loop has ended; returns the loops given up on.
 
@@ -227,7 +227,7 @@ def _wait_for_loops(
     gone_since: float | None = None
     while alive := [loop for loop in loops if loop.is_alive()]:
         alive[0].join(POLL)
-        if term is not None and term.stopped and not stop.is_set():
+        if term.stopped and not stop.is_set():
             stop.set()  # here, not in the handler: see stop_signals.py
         if not client.closed:
             continue
