@@ -81,7 +81,7 @@ class Acceptor:
         with st.lock:
             if inline:
                 self.bodies.reserve_space(need)  # refused: nothing appended
-            start, end = self.scheduler.append(parts, env.klass)
+            start, end = self.scheduler.append(parts, env.klass, waited=True)
             if inline:
                 self.bodies.pin_inline(start.segment)
             else:

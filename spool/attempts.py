@@ -321,7 +321,8 @@ class AttemptBook:
             if len(set(rcpts)) != len(rcpts):
                 raise SpoolMisuse("a recipient is listed twice")
             _, end = self.scheduler.enqueue(
-                rec.Delta(flight.envelope.msg_id, status, rcpts, reply, now)
+                rec.Delta(flight.envelope.msg_id, status, rcpts, reply, now),
+                waited=status != rec.DEFERRED,  # delivered and failed: the caller waits
             )
             flight.unreported.difference_update(rcpts)
             if status == rec.DEFERRED:

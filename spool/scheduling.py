@@ -66,19 +66,22 @@ class Scheduler:
         self._prefer_incoming = True
         self._deferred_turn = 0
 
-    def enqueue(self, record: rec.Record) -> tuple[Position, Position]:
-        """Encode and queue one record (not waited for)."""
+    def enqueue(self, record: rec.Record, *, waited: bool = False) -> tuple[Position, Position]:
+        """Encode and queue one record (``waited``: see ``LogWriter.enqueue``)."""
         part = encode_checked(record)
-        return self.append([part], record.klass if isinstance(record, rec.Envelope) else None)
+        klass = record.klass if isinstance(record, rec.Envelope) else None
+        return self.append([part], klass, waited=waited)
 
-    def append(self, parts: list[Part], envelope_class: int | None) -> tuple[Position, Position]:
+    def append(
+        self, parts: list[Part], envelope_class: int | None, *, waited: bool = False
+    ) -> tuple[Position, Position]:
         """Queue encoded records; every record reaches the writer through here. Counts
         toward the next checkpoint, and counts an envelope (``envelope_class``) for its
-        runner."""
+        runner. ``waited``: the caller waits for their end next (``LogWriter.enqueue``)."""
         self.since_checkpoint += 1
         if self.since_checkpoint == self.state.options.checkpoint_every:
             self.state.checkpoint_due.set()
-        start, end = self.state.writer.enqueue(parts)
+        start, end = self.state.writer.enqueue(parts, waited=waited)
         if envelope_class is not None:
             self.note_envelope(envelope_class, start)
         return start, end

@@ -122,7 +122,12 @@ class LogWriter:
         self._write_ahead = write_ahead
         self._on_durable = on_durable
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._cond = threading.Condition(self._lock)  # callers waiting for a flush to end
+        # The background flusher's own condition, so that the callers' wake-ups do not
+        # wake it and its own do not wake them (``_flush_loop``); ``_flusher_idle``: it
+        # sleeps with nothing queued, and the next frame nobody will wait for wakes it.
+        self._flusher_cond = threading.Condition(self._lock)
+        self._flusher_idle = False
         self._salt = new_salt()  # of the segment at the tail
         # The first segment's header is queued with the first frame (or ``create_segment``):
         # an open that appends nothing creates no file.
@@ -186,17 +191,23 @@ class LogWriter:
         otherwise they are written with the next batch. Raises ``SpoolFailed`` if the
         writer has failed, ``SpoolClosed`` after ``close``.
         """
-        start, end = self.enqueue(parts)
+        start, end = self.enqueue(parts, waited=durable)
         if durable:
             self.wait_durable(end)
         return start
 
-    def enqueue(self, parts: Sequence[Part]) -> tuple[Position, Position]:
+    def enqueue(self, parts: Sequence[Part], *, waited: bool = False) -> tuple[Position, Position]:
         """Frame and queue ``parts``; return (start, end) without waiting for the disk.
 
         Callers that must update their own state atomically with the position assignment
         call this under their lock, then ``wait_durable(end)`` outside it. Each payload
         must fit a frame (callers check: ``FRAME_PAYLOAD_MAX``).
+
+        ``waited``: the caller waits for ``end`` next (``wait_durable`` leads a flush,
+        ``durable_future`` asks the flusher for one), so the idle flusher is not woken for
+        these frames: a wake-up per durable call cost a single producer about a third of
+        its accept's CPU. Frames queued ``waited`` whose caller never waits (an exception
+        in between) go with the next batch, as any queued frame does.
         """
         with self._lock:
             self._check_usable()
@@ -213,8 +224,8 @@ class LogWriter:
             chunk.size += len(frames)
             self._tail = Position(start.segment, start.offset + len(frames))
             self._pending_frames += 1
-            if self._pending_frames in (1, self._sync_every):
-                self._cond.notify_all()  # the flusher starts its interval, or flushes now
+            if (self._flusher_idle and not waited) or self._pending_frames == self._sync_every:
+                self._flusher_cond.notify()  # the flusher starts its interval, or flushes now
             return start, self._tail
 
     def check_usable(self) -> None:
@@ -242,7 +253,7 @@ class LogWriter:
                 return future
             self._futures.append((end, future))
             self._flush_asked = True
-            self._cond.notify_all()
+            self._flusher_cond.notify()
         return future
 
     def sync(self) -> Position:
@@ -275,6 +286,7 @@ class LogWriter:
                     self._wait_durable_locked(self._tail)
             self._closed = True
             self._cond.notify_all()
+            self._flusher_cond.notify()
             self._end_futures_locked()
         self._flusher.join()
         if self._fd is not None:
@@ -365,6 +377,7 @@ class LogWriter:
                 error.errno if error is not None else None,
             )
             self._cond.notify_all()
+            self._flusher_cond.notify()
             self._end_futures_locked()
             if interrupted is not None:
                 raise interrupted
@@ -377,6 +390,8 @@ class LogWriter:
         self._bytes += written
         self._durable = target
         self._cond.notify_all()
+        if self._pending_frames:
+            self._flusher_cond.notify()  # queued behind this batch: its interval starts
         if self._futures:
             self._end_futures_locked()
         if self._on_durable is not None:
@@ -491,14 +506,25 @@ class LogWriter:
         """Background flusher: writes queued non-durable frames every N frames or T s, and
         at once when a ``durable_future`` waits for them.
 
-        It never holds the lock without waiting: with nothing queued it sleeps until the
-        first frame is (``enqueue`` wakes it), and while another thread leads a flush it
-        waits for that flush to end. So no ``sync_interval``, however small, can keep the
-        lock from the callers."""
+        It never holds the lock without waiting: with nothing queued it sleeps until a
+        frame that no caller will wait for is queued (``enqueue``; a caller that waits
+        leads its own flush, or asks for one with ``durable_future``), and while another
+        thread leads a flush it waits for that flush to end (which wakes it only if frames
+        are queued behind the batch). So no ``sync_interval``, however small, can keep the
+        lock from the callers. It sleeps on a condition of its own: one wake-up of it per
+        durable call (two before: the frame queued, the flush's end) cost a single
+        producer about a third of its accept's CPU (docs/performance.md)."""
         with self._lock:
             while not self._closed and self._failed is None:
-                if not self._pending_frames or self._flushing:
-                    self._cond.wait(WAIT_MAX)
+                if not self._pending_frames:
+                    self._flusher_idle = True  # the first frame queued wakes it
+                    try:
+                        self._flusher_cond.wait(WAIT_MAX)
+                    finally:
+                        self._flusher_idle = False
+                    continue
+                if self._flushing:
+                    self._flusher_cond.wait(WAIT_MAX)  # the flush's end wakes it
                     continue
                 deadline = time.monotonic() + self._sync_interval
                 while (
@@ -507,7 +533,7 @@ class LogWriter:
                     and self._pending_frames < self._sync_every
                     and (left := deadline - time.monotonic()) > 0
                 ):
-                    self._cond.wait(min(left, WAIT_MAX))
+                    self._flusher_cond.wait(min(left, WAIT_MAX))
                 if self._closed or self._failed is not None:
                     return
                 if self._pending_frames and not self._flushing:

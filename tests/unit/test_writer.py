@@ -149,8 +149,8 @@ def _wait_until(done: Callable[[], bool]) -> None:
 
 
 def _asleep(w: LogWriter) -> int:
-    """How many callers wait on the writer's condition (its flusher waits there too)."""
-    return len(w._cond._waiters) - 1  # type: ignore[attr-defined]
+    """How many callers wait on the writer's condition (its flusher has one of its own)."""
+    return len(w._cond._waiters)  # type: ignore[attr-defined]
 
 
 def test_callers_asleep_behind_a_failed_flush_all_get_its_error(tmp_path: Path) -> None:
@@ -298,3 +298,79 @@ def test_a_caller_queued_during_close_gets_spool_closed(tmp_path: Path) -> None:
     closing.join(30)
     late_caller.join(30)
     assert len(outcome) == 1 and isinstance(outcome[0], SpoolClosed), outcome
+
+
+def _switches(thread: threading.Thread) -> int:
+    """A thread's voluntary context switches so far: one each time it goes to sleep."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in the thread's status")
+
+
+def test_durable_calls_leave_the_flusher_asleep(tmp_path: Path) -> None:
+    """A caller that waits leads its own flush, so the background flusher sleeps through
+    it. It was woken twice a durable call (the frame queued, the flush's end), about a
+    third of a single producer's accept CPU; a frame nobody waits for still wakes it."""
+    w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=1 << 24)
+    w.append(_frame(0), durable=True)
+    _wait_until(lambda: w._flusher_idle)
+    before = _switches(w._flusher)
+    for i in range(1, 201):
+        w.append(_frame(i), durable=True)
+    assert _switches(w._flusher) - before <= 2  # 400 before
+    _, end = w.enqueue(_frame(201))  # nobody waits for it: the flusher's
+    _wait_until(lambda: _switches(w._flusher) > before)
+    w.close()
+    assert w.durable >= end and len(_read_all(str(tmp_path))) == 202
+
+
+def test_frames_queued_behind_a_flush_are_the_flushers_when_it_ends(tmp_path: Path) -> None:
+    """The flush's end wakes the flusher when frames wait behind the batch (here enough
+    to flush at once: ``sync_every``); without that it slept for ``sync_interval``."""
+    fs = GatedFS()
+    w = LogWriter(fs, str(tmp_path), first_segment=1, segment_size=1 << 20,
+                  sync_every=1, sync_interval=3600.0)  # fmt: skip
+    fs.permits.release()
+    w.append(_frame(0), durable=True)
+    leader = threading.Thread(target=w.append, args=(_frame(1),), kwargs={"durable": True})
+    leader.start()
+    _wait_until(fs.syncing.is_set)  # the leader's flush is held open
+    _, end = w.enqueue(_frame(2))  # nobody waits for it
+    fs.permits.release()  # the leader's
+    leader.join(30)
+    fs.permits.release()  # the flusher's
+    _wait_until(lambda: w.durable >= end)
+    fs.permits.release()  # close's cut of the zeros ahead
+    w.close()
+    assert _read_all(str(tmp_path)) == [b"frame 0", b"frame 1", b"frame 2"]
+
+
+def test_frames_queued_for_a_wait_that_never_comes_go_with_the_next_batch(tmp_path: Path) -> None:
+    """``enqueue(waited=True)`` does not wake the flusher: if its caller never waits (an
+    exception in between), the frames go with the next batch, whoever leads it: the
+    flusher for the next frame nobody waits for (its interval), or ``close``."""
+    fs = CountingFS()
+    w = LogWriter(fs, str(tmp_path), first_segment=1, segment_size=1 << 20, sync_interval=0.05)
+    w.append(_frame(0), durable=True)
+    _, forsaken = w.enqueue(_frame(1), waited=True)
+    _, end = w.enqueue(_frame(2))
+    _wait_until(lambda: w.durable >= end)
+    assert forsaken <= end
+    w.enqueue(_frame(3), waited=True)
+    w.close()
+    assert _read_all(str(tmp_path)) == [f"frame {i}".encode() for i in range(4)]
+
+
+def test_the_interval_flush_writes_what_was_queued_after_a_leaders_flush(tmp_path: Path) -> None:
+    """A frame queued while the flusher sleeps through an interval that a leader's flush
+    emptied is written when that interval ends (the flusher is not idle, so the frame
+    does not wake it)."""
+    w = LogWriter(CountingFS(), str(tmp_path), first_segment=1, segment_size=1 << 20,
+                  sync_interval=0.05)  # fmt: skip
+    w.append(_frame(0), durable=False)  # wakes the idle flusher: its interval begins
+    w.append(_frame(1), durable=True)  # a leader writes both
+    _, end = w.enqueue(_frame(2))
+    _wait_until(lambda: w.durable >= end)
+    w.close()
