@@ -40,11 +40,14 @@ class Acceptor:
         self.state.writer.wait_durable(staged.end)  # the commit point of accept
         return staged.durable()
 
-    def stage(self, sender: str, recipients: Iterable[str], data: bytes) -> StagedAccept:
+    def stage(
+        self, sender: str, recipients: Iterable[str], data: bytes, *, waited: bool = True
+    ) -> StagedAccept:
         """Everything of ``accept`` but the wait for the log's fsync: checks, the body
         file (with its own fsyncs), the records queued. The message is acknowledged only
         once the writer's durable end passes ``end`` (then call ``durable()``); a crash
-        before that may lose it, as a crash inside ``accept`` may."""
+        before that may lose it, as a crash inside ``accept`` may. ``waited``: the caller
+        waits for ``end`` next, whatever happens (``LogWriter.enqueue``)."""
         st = self.state
         st.check_process()
         options = st.options
@@ -81,7 +84,7 @@ class Acceptor:
         with st.lock:
             if inline:
                 self.bodies.reserve_space(need)  # refused: nothing appended
-            start, end = self.scheduler.append(parts, env.klass, waited=True)
+            start, end = self.scheduler.append(parts, env.klass, waited=waited)
             if inline:
                 self.bodies.pin_inline(start.segment)
             else:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
@@ -109,7 +110,11 @@ class AsyncSpool:
         """``Spool.accept``: the id, once the message is durable (answer 250 then)."""
         acceptor = self.spool._acceptor
         if isinstance(data, bytes) and len(data) > self.spool.options.inline_body_max:
-            staged = await asyncio.to_thread(acceptor.stage, sender, recipients, data)
+            # Not ``waited``: if this task is cancelled (an SMTP client hanging up) while
+            # the thread writes the body, the thread still queues the envelope and nobody
+            # waits for it; the flusher, woken, writes it within ``sync_interval``.
+            stage = functools.partial(acceptor.stage, waited=False)
+            staged = await asyncio.to_thread(stage, sender, recipients, data)
         else:
             staged = acceptor.stage(sender, recipients, data)
         await self._durable(staged.end)

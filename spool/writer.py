@@ -206,8 +206,11 @@ class LogWriter:
         ``waited``: the caller waits for ``end`` next (``wait_durable`` leads a flush,
         ``durable_future`` asks the flusher for one), so the idle flusher is not woken for
         these frames: a wake-up per durable call cost a single producer about a third of
-        its accept's CPU. Frames queued ``waited`` whose caller never waits (an exception
-        in between) go with the next batch, as any queued frame does.
+        its accept's CPU. A caller that may be stopped between this and its wait without
+        running code (a task cancelled while a worker thread queues for it) must not pass
+        it; frames queued ``waited`` whose caller never waits all the same (an exception
+        in between) go with the next batch, or with the idle flusher's next look
+        (``IDLE_LOOK``).
         """
         with self._lock:
             self._check_usable()
@@ -508,18 +511,23 @@ class LogWriter:
 
         It never holds the lock without waiting: with nothing queued it sleeps until a
         frame that no caller will wait for is queued (``enqueue``; a caller that waits
-        leads its own flush, or asks for one with ``durable_future``), and while another
-        thread leads a flush it waits for that flush to end (which wakes it only if frames
-        are queued behind the batch). So no ``sync_interval``, however small, can keep the
-        lock from the callers. It sleeps on a condition of its own: one wake-up of it per
-        durable call (two before: the frame queued, the flush's end) cost a single
-        producer about a third of its accept's CPU (docs/performance.md)."""
+        leads its own flush, or asks for one with ``durable_future``) or its next look
+        (``IDLE_LOOK``, or the interval if longer), and while another thread leads a
+        flush it waits for that flush to end (which wakes it only if frames are queued
+        behind the batch). So no ``sync_interval``, however small, can keep the lock from
+        the callers. It sleeps on a condition of its own: one wake-up of it per durable
+        call (two before: the frame queued, the flush's end) cost a single producer about
+        a third of its accept's CPU (docs/performance.md)."""
         with self._lock:
             while not self._closed and self._failed is None:
                 if not self._pending_frames:
-                    self._flusher_idle = True  # the first frame queued wakes it
+                    # Woken by the next frame nobody will wait for; and it looks anyway
+                    # every ``IDLE_LOOK`` (or interval): a frame queued ``waited`` whose
+                    # caller never waited (a cancelled task) is written then, not at the
+                    # next flush someone asks for.
+                    self._flusher_idle = True
                     try:
-                        self._flusher_cond.wait(WAIT_MAX)
+                        self._flusher_cond.wait(min(max(self._sync_interval, IDLE_LOOK), WAIT_MAX))
                     finally:
                         self._flusher_idle = False
                     continue
@@ -546,3 +554,5 @@ class LogWriter:
 # The longest single wait on a condition: longer timeouts overflow the platform's limit;
 # every loop that waits checks its own deadline again.
 WAIT_MAX = 3600.0
+# How often an idle flusher looks for frames queued without waking it (seconds).
+IDLE_LOOK = 1.0

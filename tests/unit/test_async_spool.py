@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -269,3 +271,57 @@ def test_a_claim_waiting_when_the_spool_closes_ends_with_spool_closed(tmp_path: 
         assert sp.spool._state.cond.listeners == []
 
     asyncio.run(run())
+
+
+class HeldBodyFS(FileSystem):
+    """Opening a body file in ``incoming/`` waits (once ``hold`` is set) until ``go``:
+    a large accept's worker thread held while its task is cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold, self.held, self.go = threading.Event(), threading.Event(), threading.Event()
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        if self.hold.is_set() and f"{os.sep}incoming{os.sep}" in path:
+            self.held.set()
+            assert self.go.wait(30)
+        return super().open(path, flags, mode)
+
+
+def test_a_claim_waiting_sees_the_message_of_a_cancelled_large_accept(tmp_path: Path) -> None:
+    """Review of the flusher left asleep: an accept of a body in a file of its own stages
+    in a worker thread; cancelled there (aiosmtpd cancels the DATA handler when the client
+    hangs up), the thread queued the envelope anyway, nobody waited for it and the flusher
+    was not woken: a claim already waiting saw the message only at its timeout (5 s)."""
+    fs = HeldBodyFS()
+
+    async def run() -> float:
+        sp = await AsyncSpool.open(tmp_path / "spool", fs=fs, sync_interval=0.05,
+                                   inline_body_max=1000)  # fmt: skip
+        claimed: list[object] = []
+        took: list[float] = []
+
+        def claimer() -> None:
+            started = time.monotonic()
+            claimed.append(sp.spool.claim(timeout=5.0))
+            took.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=claimer)
+        thread.start()
+        await asyncio.sleep(0.2)  # the claim waits: nothing is queued
+        fs.hold.set()
+        task = asyncio.create_task(sp.accept("a@example.org", ["b@example.net"], b"x" * 4096))
+        await asyncio.to_thread(fs.held.wait, 30)  # the body is being written in a thread
+        task.cancel()
+        fs.go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(thread.join, 30)
+        assert claimed and claimed[0] is not None
+        claimed[0].close()  # type: ignore[attr-defined]
+        await sp.close()
+        return took[0]
+
+    took = asyncio.run(run())
+    # 0.05-0.1 s here; the idle flusher's look (IDLE_LOOK, 1 s) alone would be later.
+    assert took < 0.9, f"the waiting claim saw the message only after {took:.2f} s"
