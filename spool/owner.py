@@ -57,6 +57,19 @@ ENVELOPE_ROOM: Final = 1024 * 1024
 log = logging.getLogger("spool.owner")
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (``pip install mailspool[serve]``), else
+    asyncio's. uvloop (libuv) reads, writes and wakes the loop in C; the loop, the sockets
+    and the futures are most of the owner's cost per request, and uvloop's saves about a
+    sixth of it (docs/performance.md, "An event loop in C"). Both behave alike for
+    everything the owner does."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def peer_of(conn: socket.socket) -> Peer:
     """The pid and uid of the process on the other end of a Unix socket."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -99,7 +112,7 @@ class ControlServer:
         self.path = socket_path(spool.path)
         self._listener = self._bind()
         self._async_spool = AsyncSpool(spool)  # the sessions' awaitable calls
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._server: asyncio.AbstractServer | None = None
         self._thread = threading.Thread(target=self._run, name="control-loop", daemon=True)
         self._started = threading.Event()
@@ -315,5 +328,7 @@ async def _send(writer: asyncio.StreamWriter, message: Reply | ErrorReply) -> No
 
 
 def _shut(sock: Any) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
+    """Shut a connection both ways (its reader then sees the end), through a duplicate of
+    its descriptor: uvloop's transport sockets refuse ``shutdown``, asyncio's allow it."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(sock.fileno())) as duplicate:
+        duplicate.shutdown(socket.SHUT_RDWR)
