@@ -197,12 +197,15 @@ class ControlServer:
         """Drop the connections of process ``pid`` (a worker killed for its lease)."""
         with self._lock:
             connections = [c for c in self._connections.values() if c.session.peer.pid == pid]
-        for c in connections:
-            _shut(c.sock)
+        for c in connections:  # on the loop, where connections are closed (``_shut``)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to shut
+                self._loop.call_soon_threadsafe(_shut, c.sock)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         try:
+            if sock is None:  # uvloop's, for a connection closed before this ran
+                raise OSError("the connection closed")
             peer = peer_of(sock)
         except OSError as e:  # the peer already gone: nothing to serve
             log.warning("a connection ended before it could be identified: %s", e)
@@ -329,6 +332,20 @@ async def _send(writer: asyncio.StreamWriter, message: Reply | ErrorReply) -> No
 
 def _shut(sock: Any) -> None:
     """Shut a connection both ways (its reader then sees the end), through a duplicate of
-    its descriptor: uvloop's transport sockets refuse ``shutdown``, asyncio's allow it."""
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(sock.fileno())) as duplicate:
-        duplicate.shutdown(socket.SHUT_RDWR)
+    its descriptor: uvloop's transport sockets refuse ``shutdown``, asyncio's allow it.
+
+    On the loop's thread only: the loop closes connections, so there a connection's
+    descriptor cannot be closed, and its number given to the next connection accepted,
+    between reading it and duplicating it (from another thread, a lease kill's ``drop``
+    shut other clients' connections now and then). A closed one reads -1."""
+    try:
+        duplicate = os.dup(sock.fileno())
+    except OSError:
+        return  # closed already
+    try:
+        connection = socket.socket(fileno=duplicate)
+    except OSError:
+        os.close(duplicate)
+        return
+    with connection, contextlib.suppress(OSError):
+        connection.shutdown(socket.SHUT_RDWR)
